@@ -1,0 +1,103 @@
+"""Load policy, reference and tokenizer through transformers, or build the tiny offline model.
+
+Users pass a hub name or a local `save_pretrained` directory, exactly what they would give transformers.
+The `builtin` model exists so that `tba train` runs with no network: a Llama-style config (the fastest
+architecture on CPU at this size, see docs) and a byte-level BPE tokenizer trained locally with
+`tokenizers`, digits split one per token so that arithmetic is learnable by a 1M-parameter model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+
+from tba.config import TinyModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SPECIALS = ["<pad>", "<bos>", "<eos>"]
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def _offline_hint(name: str, err: Exception) -> ModelLoadError:
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hugging Face Hub could not be reached (offline?)"
+    return ModelLoadError(
+        f"could not load '{name}': it is not a local directory and {why}.\n"
+        f"Pass a local path instead, e.g. model.policy=/path/to/model_dir (a directory written by "
+        f"save_pretrained), or download it once with `huggingface-cli download {name}` on a machine with "
+        f"internet.\nUnderlying error: {type(err).__name__}: {err}"
+    )
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        if Path(name_or_path).exists():
+            raise
+        raise _offline_hint(name_or_path, e) from e
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name_or_path: str, dtype: str = "float32"):
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as e:
+        if Path(name_or_path).exists():
+            raise
+        raise _offline_hint(name_or_path, e) from e
+    return model
+
+
+def train_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with single-digit tokens; `<bos>` is prepended by the post-processor."""
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+    tok.train_from_iterator(corpus, trainer=trainer)
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", padding_side="left"
+    )
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig, seed: int):
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def save_checkpoint(model, tokenizer, path: Path) -> None:
+    """save_pretrained (safetensors) for both, so `AutoModelForCausalLM.from_pretrained(path)` works."""
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def num_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,56 @@
+"""Live progress bar and the closing before/after table (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+class RunProgress:
+    def __init__(self, total: int, enabled: bool = True):
+        self.enabled = enabled
+        self._progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+            console=console, disable=not enabled,
+        )
+        self._task = self._progress.add_task("train", total=total, info="")
+
+    def __enter__(self):
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._progress.stop()
+
+    def update(self, step: int, *, reward: float, accuracy: float, beta: float, tokens_per_s: float) -> None:
+        info = f"reward {reward:.3f} · test acc {accuracy:.3f} · β {beta:.4g} · {tokens_per_s:,.0f} tok/s"
+        self._progress.update(self._task, completed=step, info=info)
+
+
+def print_summary(summary: dict) -> None:
+    table = Table(title="tba: before / after")
+    table.add_column("metric")
+    table.add_column("start", justify="right")
+    table.add_column("end", justify="right")
+    table.add_column("change", justify="right")
+    a0, a1 = summary["test_accuracy_start"], summary["test_accuracy_end"]
+    table.add_row(f"test accuracy (greedy pass@1, n={summary['test_problems']})", f"{a0:.1%}", f"{a1:.1%}",
+                  f"{(a1 - a0) * 100:+.1f} pts")
+    r0, r1 = summary["train_reward_start"], summary["train_reward_end"]
+    table.add_row("train reward (T-sampled, first/last 10%)", f"{r0:.3f}", f"{r1:.3f}", f"{r1 - r0:+.3f}")
+    table.add_row("trainer steps / samples generated", "", f"{summary['trainer_steps']} / "
+                  f"{summary['samples_generated']}", "")
+    table.add_row("wall clock (total / training)", "", f"{summary['wall_clock_s']:.0f}s / "
+                  f"{summary['train_wall_clock_s']:.0f}s", "")
+    Console().print(table)

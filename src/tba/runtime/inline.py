@@ -1,0 +1,37 @@
+"""Inline runtime: one process, search and training alternate (the reference semantics).
+
+The loop asks for groups, and this runtime answers by running one search iteration right there; weights
+published by the trainer are loaded into the searcher's own policy copy, so with k > 1 the searcher really
+does generate with a stale policy, exactly as a remote searcher would.
+"""
+
+from __future__ import annotations
+
+from tba.searcher import Searcher
+from tba.types import Group
+
+
+class InlineRuntime:
+    def __init__(self, searcher: Searcher):
+        self.searcher = searcher
+
+    def start(self) -> None:
+        pass
+
+    def collect(self, min_groups: int = 1, timeout_s: float = 0.0) -> list[Group]:
+        """Groups produced since the last call; inline, that is one fresh search iteration."""
+        groups: list[Group] = []
+        while len(groups) < min_groups:
+            groups.extend(self.searcher.step())
+        return groups
+
+    def publish(self, weights, version: int) -> None:
+        self.searcher.load_weights(weights, version)
+
+    def stats(self) -> dict[str, float]:
+        return {"searcher/samples": self.searcher.samples_generated,
+                "searcher/tokens": self.searcher.tokens_generated,
+                "searcher/version": self.searcher.version}
+
+    def stop(self) -> None:
+        pass

@@ -1,0 +1,90 @@
+"""Searcher: turns prompts into scored, reference-annotated samples with a (possibly stale) policy copy.
+
+It knows nothing of processes or queues; a runtime calls `step()` in a loop and `load_weights()` when a
+newer policy version is published. It owns a shard of the train prompts (round-robin, as the paper's
+searchers do) and walks a seeded permutation of it, cycling forever.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from tba.config import SearchConfig
+from tba.generation import generate, response_logprobs
+from tba.tasks.base import Prompt, Task
+from tba.types import Group, Sample
+
+
+class Searcher:
+    def __init__(
+        self, policy, reference, tokenizer, task: Task, cfg: SearchConfig, *, seed: int,
+        shard: int = 0, num_shards: int = 1,
+    ):
+        self.policy, self.reference, self.tokenizer, self.task, self.cfg = policy, reference, tokenizer, task, cfg
+        self.policy.eval()
+        self.reference.eval()
+        self.version = 0
+        self.prompts: list[Prompt] = task.train[shard::num_shards]
+        if not self.prompts:
+            raise ValueError(f"searcher shard {shard}/{num_shards} owns no train prompts")
+        self._order = list(range(len(self.prompts)))
+        self._rng = random.Random(seed)
+        self._rng.shuffle(self._order)
+        self._cursor = 0
+        self._prompt_tokens: dict[int, list[int]] = {}
+        self.samples_generated = 0
+        self.tokens_generated = 0
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.policy.load_state_dict(state_dict)
+        self.version = version
+
+    def _next_prompts(self) -> list[Prompt]:
+        batch = []
+        for _ in range(min(self.cfg.prompts_per_batch, len(self.prompts))):
+            batch.append(self.prompts[self._order[self._cursor]])
+            self._cursor = (self._cursor + 1) % len(self._order)
+        return batch
+
+    def _tokens(self, prompt: Prompt) -> list[int]:
+        if prompt.id not in self._prompt_tokens:
+            self._prompt_tokens[prompt.id] = self.tokenizer(prompt.text)["input_ids"]
+        return self._prompt_tokens[prompt.id]
+
+    @torch.no_grad()
+    def step(self) -> list[Group]:
+        """One search iteration: prompts_per_batch prompts × S samples → one Group per prompt."""
+        t0 = time.perf_counter()
+        prompts = self._next_prompts()
+        prompt_tokens = [self._tokens(p) for p in prompts]
+        s = self.cfg.samples_per_prompt
+        tok = self.tokenizer
+        outputs = generate(
+            self.policy, prompt_tokens, num_samples=s, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+            max_new_tokens=self.cfg.max_new_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+        )
+        flat_prompts = [pt for pt in prompt_tokens for _ in range(s)]
+        responses = [r for r, _ in outputs]
+        ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.cfg.temperature,
+                                        tok.pad_token_id)  # [N, R]
+        texts = tok.batch_decode(responses, skip_special_tokens=True)
+        groups = []
+        for i, prompt in enumerate(prompts):
+            samples = []
+            for j in range(i * s, (i + 1) * s):
+                resp, behaviour = outputs[j]
+                samples.append(Sample(
+                    response=resp,
+                    ref_logprobs=ref_logp[j, : len(resp)].tolist(),
+                    reward=float(self.task.reward(prompt, texts[j])),
+                    version=self.version,
+                    behaviour_logprobs=behaviour,
+                ))
+            groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples))
+        self.samples_generated += len(responses)
+        self.tokens_generated += sum(len(r) for r in responses)
+        self.last_step_s = time.perf_counter() - t0
+        return groups

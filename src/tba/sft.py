@@ -1,0 +1,113 @@
+"""SFT warm start: the paper starts RL from an SFT model, so `tba` makes one when the policy is built in.
+
+Completion-only cross-entropy on task demonstrations, AdamW with linear warmup and cosine decay to 10 % of
+the peak LR (so the run ends converged rather than mid-climb). The result is cached on disk keyed by
+everything that determines it, so a second `tba train` starts RL at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tba.config import RunConfig, to_dict
+from tba.evaluate import greedy_accuracy
+from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
+
+
+def cache_root(cfg: RunConfig) -> Path:
+    root = cfg.sft.cache_dir or os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba"
+    return Path(root)
+
+
+def cache_key(cfg: RunConfig) -> str:
+    """Hash of every setting that changes the warm-start checkpoint."""
+    d = to_dict(cfg)
+    keyed = {"task": {k: v for k, v in d["task"].items()}, "tiny": d["model"]["tiny"],
+             "sft": {k: v for k, v in d["sft"].items() if k not in ("cache_dir", "log_every_steps")},
+             "seed": cfg.seed, "format": 1}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _batch(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded [prompt; completion; EOS] ids and labels with the prompt and padding masked (-100)."""
+    rows, labels = [], []
+    for p, c in zip(prompts, completions, strict=True):
+        p_ids = tokenizer(p)["input_ids"]
+        c_ids = tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p_ids + c_ids)
+        labels.append([-100] * len(p_ids) + c_ids)
+    length = max(len(r) for r in rows)
+    ids = torch.full((len(rows), length), tokenizer.pad_token_id)  # [N, L]
+    lab = torch.full((len(rows), length), -100)  # [N, L]
+    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(lb)] = torch.tensor(lb)
+    return ids, lab
+
+
+def train_sft(model, tokenizer, task, cfg: RunConfig, *, steps: int | None = None, log=print,
+              time_budget_s: float | None = None) -> dict:
+    """Run SFT in place on `model`. Returns a small history (step, loss, accuracy) for reporting."""
+    sft = cfg.sft
+    steps = steps if steps is not None else sft.steps
+    rng = random.Random(cfg.seed)
+    prompts = task.train
+    demos = task.demonstrations(prompts, seed=cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
+    history, t0, step = [], time.perf_counter(), 0
+    model.train()
+    for step in range(1, steps + 1):
+        warm = min(1.0, step / max(sft.warmup_steps, 1))
+        progress = (step - sft.warmup_steps) / max(steps - sft.warmup_steps, 1)
+        decay = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+        for g in opt.param_groups:
+            g["lr"] = sft.lr * warm * decay
+        idx = [rng.randrange(len(prompts)) for _ in range(sft.batch_size)]
+        ids, labels = _batch(tokenizer, [prompts[i].text for i in idx], [demos[i] for i in idx])
+        logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                               ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % sft.log_every_steps == 0 or step == steps:
+            model.eval()
+            acc = greedy_accuracy(model, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+            model.train()
+            history.append({"step": step, "loss": loss.item(), "test_accuracy": acc,
+                            "elapsed_s": time.perf_counter() - t0})
+            log(f"sft step {step}/{steps}  loss {loss.item():.3f}  test acc {acc:.3f}  "
+                f"({time.perf_counter() - t0:.0f}s)")
+        if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
+            break
+    model.eval()
+    return {"history": history, "steps": step, "seconds": time.perf_counter() - t0}
+
+
+def warm_start(cfg: RunConfig, task, log=print) -> Path:
+    """Return a directory holding the SFT'd built-in model and tokenizer, training it on a cache miss."""
+    path = cache_root(cfg) / f"sft-{task.name}-{cache_key(cfg)}"
+    if (path / "config.json").is_file() and (path / "sft.json").is_file():
+        log(f"SFT warm start: using cached checkpoint {path}")
+        return path
+    log(f"SFT warm start: no cached checkpoint, training one ({cfg.sft.steps} steps) → {path}")
+    tokenizer = train_tokenizer(task.corpus(), cfg.model.tiny.vocab_size)
+    model = build_tiny_model(tokenizer, cfg.model.tiny, seed=cfg.seed)
+    result = train_sft(model, tokenizer, task, cfg, log=log)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    save_checkpoint(model, tokenizer, tmp)
+    (tmp / "sft.json").write_text(json.dumps(result, indent=1))
+    if path.exists():  # a stale partial entry (no sft.json): replace it
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path

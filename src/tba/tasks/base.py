@@ -1,0 +1,43 @@
+"""The Task interface: what a verifiable task gives the rest of `tba`.
+
+A task is data plus a verifier. The searcher needs train prompts and `reward`; the evaluator needs test
+prompts and `reward` again (greedy pass@1 is the mean reward of greedy completions); the SFT warm start
+needs `demonstrations`. Nothing else in the package knows what the task is about, so a new task is one
+file that returns a `Task` (see docs/tasks.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One problem. `id` is its index in the task's train (or test) list; `answer` is the gold answer text."""
+
+    id: int
+    text: str
+    answer: str
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+class Task(Protocol):
+    name: str
+    train: list[Prompt]
+    test: list[Prompt]
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """Scalar reward of `completion` (the decoded response, special tokens removed) for `prompt`."""
+        ...
+
+    def demonstrations(self, prompts: list[Prompt], seed: int) -> list[str]:
+        """One demonstration completion per prompt, used by the SFT warm start."""
+        ...
+
+
+def accuracy(task: Task, prompts: list[Prompt], completions: list[str]) -> float:
+    """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1."""
+    if not prompts:
+        return float("nan")
+    return sum(task.reward(p, c) for p, c in zip(prompts, completions, strict=True)) / len(prompts)

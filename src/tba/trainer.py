@@ -1,0 +1,108 @@
+"""Trainer: one optimizer step of the TB objective on a batch of buffer draws.
+
+AdamW; the LR is set from the schedule at the start of each update (the paper steps its scheduler once
+before each optimizer step). Gradient accumulation groups whole prompts: each micro-batch holds
+`micro_batch_prompts` prompt groups, so the per-group log Ẑ is exact and the summed micro-batch losses
+equal the full-batch mean. `version` counts the updates applied; it is the policy version that the
+trainer publishes to searchers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from tba.buffer import Draw
+from tba.config import TBConfig, TrainerConfig
+from tba.generation import response_logprobs
+from tba.objectives import OBJECTIVES, beta_at
+
+
+def lr_factor(step: int, cfg: TrainerConfig) -> float:
+    """Multiplier of the peak LR for update `step` (1-based)."""
+    if cfg.lr_schedule == "constant":
+        return min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    if cfg.lr_schedule == "linear":
+        if cfg.warmup_steps and step <= cfg.warmup_steps:
+            return step / cfg.warmup_steps
+        span = max(cfg.steps - cfg.warmup_steps, 1)
+        return max(0.0, 1.0 - (step - cfg.warmup_steps) / span)
+    # wsd: linear warmup, constant, then cosine decay 0.5·(1 + cos(π·progress)) over decay_steps
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return step / cfg.warmup_steps
+    stable = cfg.stable_steps if cfg.stable_steps is not None else cfg.steps - cfg.warmup_steps - cfg.decay_steps
+    into_decay = step - cfg.warmup_steps - stable
+    if into_decay <= 0 or cfg.decay_steps == 0:
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(into_decay / cfg.decay_steps, 1.0)))
+
+
+class Trainer:
+    def __init__(self, model, cfg: TrainerConfig, tb: TBConfig, *, objective: str, temperature: float,
+                 pad_id: int):
+        self.model, self.cfg, self.tb = model, cfg, tb
+        self.loss_fn = OBJECTIVES[objective]
+        self.temperature, self.pad_id = temperature, pad_id
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+                                           weight_decay=cfg.weight_decay)
+        self.version = 0
+        self.skipped_steps = 0
+
+    def beta(self, step: int) -> float:
+        t = self.tb
+        return beta_at(step, t.beta_init, t.beta_final, t.beta_decay_end_step, t.beta_hard_stop_step)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def step(self, draws: list[Draw]) -> dict[str, float]:
+        """One update on B prompt groups. Returns metrics; a non-finite loss or gradient skips the update."""
+        t0 = time.perf_counter()
+        step = self.version + 1
+        beta, lr = self.beta(step), self.cfg.lr * lr_factor(step, self.cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.model.train()
+        n_total = sum(len(d.samples) for d in draws)
+        loss_total, tokens, logp_sum, ratio_sum = 0.0, 0, 0.0, 0.0
+        mb = self.cfg.micro_batch_prompts
+        for start in range(0, len(draws), mb):
+            micro = draws[start:start + mb]
+            prompts = [d.prompt_tokens for d in micro for _ in d.samples]
+            responses = [s.response for d in micro for s in d.samples]
+            logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
+            logp = logp_tok.sum(-1)  # [N] log π_θ(y|x), summed over response tokens
+            ref = torch.tensor([s.ref_logprob_sum for d in micro for s in d.samples])  # [N]
+            reward = torch.tensor([s.reward for d in micro for s in d.samples])  # [N]
+            group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples])  # [N]
+            loss = self.loss_fn(logp, ref, reward, group, beta) * (len(responses) / n_total)
+            loss.backward()
+            loss_total += loss.item()
+            tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
+            logp_sum += logp.sum().item()
+            ratio_sum += (logp.detach() - ref).sum().item()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+        finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        if finite:
+            if self.cfg.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+            self.version += 1
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+        return {
+            "trainer/loss": loss_total,
+            "trainer/grad_norm": grad_norm,
+            "trainer/lr": lr,
+            "trainer/beta": beta,
+            "trainer/logp_mean": logp_sum / n_total,
+            "trainer/log_ratio_mean": ratio_sum / n_total,
+            "trainer/tokens_per_s": tokens / elapsed,
+            "trainer/step_s": elapsed,
+            "trainer/skipped": float(not finite),
+        }

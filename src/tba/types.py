@@ -1,0 +1,38 @@
+"""Records that cross component (and, later, process) boundaries.
+
+Plain dataclasses of Python lists and floats: cheap to pickle through a queue or Ray's object store, no
+tensors that pin memory. Shape legend used in comments across the package:
+N = sequences in a batch (B prompt groups × K samples), L = padded sequence length, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    """One completion of one prompt, as the searcher produced it."""
+
+    response: list[int]
+    """Response token ids, ending with EOS unless generation hit max_new_tokens."""
+    ref_logprobs: list[float]
+    """Per-token log π_ref(y_t | x, y_<t) of logits ÷ T, one per response token."""
+    reward: float
+    version: int
+    """Policy version (trainer updates applied) of the weights that generated it."""
+    behaviour_logprobs: list[float] = field(default_factory=list)
+    """Per-token log-probs under the generating policy (logits ÷ T); diagnostics and ratio-based baselines."""
+
+    @property
+    def ref_logprob_sum(self) -> float:
+        return float(sum(self.ref_logprobs))
+
+
+@dataclass
+class Group:
+    """All samples a searcher generated for one prompt in one search iteration."""
+
+    prompt_id: int
+    prompt_tokens: list[int]
+    samples: list[Sample]

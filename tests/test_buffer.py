@@ -1,0 +1,97 @@
+from collections import Counter
+
+import pytest
+
+from tba.buffer import ReplayBuffer
+from tba.types import Group, Sample
+
+
+def s(tokens, reward=0.0, version=0):
+    return Sample(response=list(tokens), ref_logprobs=[0.0] * len(tokens), reward=reward, version=version)
+
+
+def test_exact_token_dedup_newest_wins_and_capacity_keeps_newest():
+    buf = ReplayBuffer(capacity_per_prompt=3, seed=0)
+    buf.add(Group(0, [1], [s([5], 0.0, 0), s([6], 0.0, 0)]))
+    buf.add(Group(0, [1], [s([5], 1.0, 1)]))  # duplicate of [5]: the newer copy replaces it
+    items = buf.histories[0].items
+    assert [(x.response, x.reward, x.version) for x in items] == [([6], 0.0, 0), ([5], 1.0, 1)]
+    buf.add(Group(0, [1], [s([7], version=2), s([8], version=2)]))
+    assert [x.response for x in buf.histories[0].items] == [[5], [7], [8]]  # oldest ([6]) evicted
+    assert len(buf) == 3
+
+
+def test_duplicates_inside_one_group_count_once():
+    buf = ReplayBuffer(seed=0)
+    assert buf.add(Group(0, [1], [s([5]), s([5]), s([6])])) == 2
+    assert buf.histories[0].n_online == 2
+
+
+def test_n_online_counts_unique_items_of_the_latest_version():
+    buf = ReplayBuffer(seed=0)
+    buf.add(Group(0, [1], [s([1], version=0), s([2], version=0)]))
+    buf.add(Group(0, [1], [s([3], version=0)]))  # same version: accumulates
+    assert buf.histories[0].n_online == 3
+    buf.add(Group(0, [1], [s([4], version=2), s([5], version=2)]))  # newer version: resets
+    assert buf.histories[0].n_online == 2
+
+
+def test_online_draws_come_from_the_newest_items_of_refreshed_prompts():
+    buf = ReplayBuffer(online_prob=1.0, seed=0)
+    buf.add(Group(0, [1], [s([i], version=0) for i in range(20)]))
+    buf.mark_sync()
+    buf.add(Group(1, [2], [s([i], version=0) for i in range(20)]))  # old prompt window
+    buf.add(Group(1, [2], [s([100 + i], version=1) for i in range(4)]))
+    for draw in buf.sample(num_prompts=10, k=4):
+        assert draw.online and draw.prompt_id == 1
+        assert {x.response[0] for x in draw.samples} == {100, 101, 102, 103}  # n_online ≥ K: no replacement
+
+
+def test_online_with_replacement_when_fewer_than_k_new_items():
+    buf = ReplayBuffer(online_prob=1.0, seed=0)
+    buf.add(Group(0, [1], [s([i], version=0) for i in range(10)]))
+    buf.add(Group(0, [1], [s([50], version=1), s([51], version=1)]))
+    draw = buf.sample(1, k=6)[0]
+    assert {x.response[0] for x in draw.samples} <= {50, 51} and len(draw.samples) == 6
+
+
+def test_right_after_sync_the_previous_window_is_used():
+    buf = ReplayBuffer(online_prob=1.0, seed=0)
+    buf.add(Group(3, [1], [s([1]), s([2])]))
+    buf.mark_sync()
+    assert all(d.prompt_id == 3 and d.online for d in buf.sample(4, 2))
+
+
+def test_prompts_are_drawn_without_replacement_until_the_pool_is_exhausted():
+    buf = ReplayBuffer(online_prob=0.0, seed=0)
+    for pid in range(5):
+        buf.add(Group(pid, [pid], [s([1]), s([2])]))
+    first = [d.prompt_id for d in buf.sample(5, 2)]
+    assert sorted(first) == [0, 1, 2, 3, 4]
+    second = [d.prompt_id for d in buf.sample(10, 2)]
+    assert Counter(second) == Counter({p: 2 for p in range(5)})
+
+
+def test_offline_uniform_without_replacement_and_reward_softmax():
+    buf = ReplayBuffer(online_prob=0.0, offline_inverse_temperature=0.0, seed=0)
+    buf.add(Group(0, [1], [s([i], reward=float(i == 0)) for i in range(8)]))
+    draw = buf.sample(1, k=8)[0]
+    assert sorted(x.response[0] for x in draw.samples) == list(range(8))  # all distinct
+    # ι large: the rewarded item dominates; with replacement only if history < K
+    peaked = ReplayBuffer(online_prob=0.0, offline_inverse_temperature=50.0, seed=0)
+    peaked.add(Group(0, [1], [s([i], reward=float(i == 0)) for i in range(8)]))
+    counts = Counter(x.response[0] for _ in range(50) for x in peaked.sample(1, k=1)[0].samples)
+    assert counts[0] == 50
+
+
+def test_mix_of_online_and_offline_follows_m():
+    buf = ReplayBuffer(online_prob=0.7, seed=1)
+    for pid in range(20):
+        buf.add(Group(pid, [pid], [s([1]), s([2])]))
+    draws = buf.sample(4000, 1)
+    assert sum(d.online for d in draws) / len(draws) == pytest.approx(0.7, abs=0.03)
+
+
+def test_sampling_an_empty_buffer_is_an_error():
+    with pytest.raises(RuntimeError, match="empty"):
+        ReplayBuffer().sample(1, 1)

@@ -1,0 +1,45 @@
+import pytest
+
+from tba.config import ConfigError, load_config
+
+
+def test_default_recipe_loads_with_documented_keys():
+    cfg = load_config()
+    assert cfg.seed == 0 and cfg.output_dir and cfg.trainer.steps > 0
+    assert cfg.task.name == "arith" and cfg.model.policy == "builtin"
+
+
+def test_overrides_are_typed_and_nested(tmp_path):
+    cfg = load_config(None, ["seed=3", "trainer.steps=7", "trainer.lr=1e-3", "tb.beta_decay_end_step=null",
+                             f"output_dir={tmp_path}", "buffer.online_prob=1"])
+    assert (cfg.seed, cfg.trainer.steps, cfg.trainer.lr, cfg.buffer.online_prob) == (3, 7, 1e-3, 1.0)
+    assert isinstance(cfg.trainer.lr, float) and cfg.output_dir == str(tmp_path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.stepz=3", "unknown config key 'trainer.stepz' (did you mean trainer.steps"),
+    ("nope=1", "unknown config key 'nope'"),
+    ("trainer.steps=abc", "trainer.steps: expected int, got 'abc'"),
+    ("trainer.steps=0", "trainer.steps: must be > 0"),
+    ("buffer.online_prob=1.5", "buffer.online_prob: must be in [0, 1]"),
+    ("trainer.lr_schedule=cosine", "trainer.lr_schedule: must be one of"),
+    ("trainer=3", "trainer: is a section"),
+    ("seed", "is not of the form key.sub=value"),
+    ("trainer.steps.x=1", "'trainer.steps' is not a section"),
+])
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value)
+
+
+def test_yaml_recipe_unknown_section_is_an_error(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("trainer: {steps: 3}\nsearchh: {temperature: 1.0}\n")
+    with pytest.raises(ConfigError, match="unknown config key 'searchh' \\(did you mean search"):
+        load_config(p)
+
+
+def test_missing_config_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
