@@ -22,7 +22,7 @@ def test_tiny_run_fills_buffer_changes_weights_and_writes_run_dir(tmp_path):
             "trainer.sync_every_steps=2", "trainer.lr=1e-3", "buffer.prefill_samples=20", "eval.every_steps=2",
             "search.prompts_per_batch=4", "search.samples_per_prompt=6", "trainer.prompts_per_step=4",
             "trainer.samples_per_prompt=4", "trainer.micro_batch_prompts=2", "logging.progress=false",
-            "threads=1"]
+            "threads=1", "runtime=inline", "mode=sync"]
     assert main(args) == 0
 
     summary = json.loads((out / "summary.json").read_text())
@@ -42,7 +42,8 @@ def test_tiny_run_fills_buffer_changes_weights_and_writes_run_dir(tmp_path):
     start = AutoModelForCausalLM.from_pretrained(sft_dir)
     end = AutoModelForCausalLM.from_pretrained(out / "checkpoint")
     assert (out / "checkpoint" / "model.safetensors").is_file()
-    changed = [not torch.equal(a, b) for a, b in zip(start.state_dict().values(), end.state_dict().values(), strict=True)]
+    pairs = zip(start.state_dict().values(), end.state_dict().values(), strict=True)
+    changed = [not torch.equal(a, b) for a, b in pairs]
     assert any(changed)
 
     # a second run reuses the cached warm start

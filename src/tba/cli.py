@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from tba.models import ModelLoadError
+    from tba.runtime.base import SearcherError
     from tba.progress import console, print_summary
 
     def log(msg: str) -> None:
@@ -62,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"tba: config error: {e}", file=sys.stderr)
         return 2
-    except ModelLoadError as e:
-        print(f"tba: {e}", file=sys.stderr)
+    except (ModelLoadError, SearcherError) as e:
+        print(f"tba: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("tba: interrupted; searchers stopped", file=sys.stderr)
+        return 130
     return 0
 
 

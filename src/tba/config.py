@@ -86,6 +86,30 @@ class SearchConfig:
     prompts_per_batch: int = 8
     """Prompts per search iteration (one generate call of prompts × S sequences)."""
     max_new_tokens: int = 32
+    num_searchers: int = 1
+    """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
+    threads: int | None = None
+    """torch threads per searcher. None = an equal share of the cores (inline: all cores)."""
+    ready_timeout_s: float = 300.0
+    """How long a searcher may take to start (import, load models) before the run fails."""
+    collect_timeout_s: float = 600.0
+    """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
+    num_cpus: float = 1.0
+    """ray: CPUs each searcher actor declares."""
+    num_gpus: float = 0.0
+    """ray: GPUs each searcher actor declares."""
+    resources: dict | None = None
+    """ray: custom resources each searcher actor requires, e.g. {searcher: 1} to pin them to tagged nodes."""
+    fail_after_batches: int | None = None
+    """Fault injection for tests and drills: each searcher raises after this many batches. None = never."""
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None
+    """Ray cluster to join (e.g. 127.0.0.1:6379 or auto). None = start a private local Ray on 127.0.0.1."""
+    num_cpus: int | None = None
+    """CPUs of the private local Ray (None = all cores)."""
 
 
 @dataclass
@@ -162,10 +186,14 @@ class RunConfig:
     output_dir: str = "runs/default"
     objective: str = "tb"
     """Training objective; `tb` = VarGrad Trajectory Balance."""
-    runtime: str = "inline"
-    """inline: search and training alternate in one process."""
+    runtime: str = "local"
+    """inline: one process, search and training alternate | local: searcher processes (torch.multiprocessing)
+    | ray: searcher actors on a Ray cluster."""
+    mode: str = "async"
+    """async: searchers and trainer run concurrently, nobody waits | sync: generation and training alternate
+    (with k = 1 that is on-policy). The inline runtime is always sync."""
     threads: int | None = None
-    """torch threads. None = all cores."""
+    """torch threads of the trainer. None = an equal share of the cores (inline: all cores)."""
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -175,13 +203,15 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 CHOICES = {
     "task.name": ("arith", "gsm8k"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "objective": ("tb",),
-    "runtime": ("inline",),
+    "runtime": ("inline", "local", "ray"),
+    "mode": ("async", "sync"),
     "trainer.lr_schedule": ("constant", "linear", "wsd"),
 }
 POSITIVE = {
@@ -189,6 +219,7 @@ POSITIVE = {
     "trainer.sync_every_steps", "trainer.lr", "search.samples_per_prompt", "search.prompts_per_batch",
     "search.max_new_tokens", "search.temperature", "buffer.capacity_per_prompt", "eval.every_steps",
     "eval.max_new_tokens", "eval.batch_size", "tb.beta_init", "tb.beta_final", "sft.batch_size", "task.digits",
+    "search.num_searchers", "search.ready_timeout_s", "search.collect_timeout_s",
 }
 PROBABILITY = {"buffer.online_prob", "task.teacher_slip_prob", "search.top_p"}
 
@@ -225,6 +256,9 @@ def _coerce(key: str, value, annotation):
                 return float(value)
             except ValueError:
                 pass
+    elif annotation is dict:
+        if isinstance(value, dict):
+            return value
     elif annotation is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -280,12 +314,24 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError("trainer.samples_per_prompt: K cannot exceed buffer.capacity_per_prompt")
     if t.lr_schedule == "wsd" and t.warmup_steps + (t.stable_steps or 0) > t.steps:
         raise ConfigError("trainer.stable_steps: warmup + stable must not exceed trainer.steps")
+    if cfg.runtime == "inline" and cfg.mode == "async":
+        raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
+                          "runtime=local for asynchrony")
     if cfg.model.policy == "builtin" and cfg.task.name != "arith":
         raise ConfigError("model.policy: the builtin tiny model is only defined for task.name=arith")
 
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Rebuild a validated RunConfig from `to_dict` output (how a config crosses a process boundary)."""
+    cfg = RunConfig()
+    for key, value in data.items():
+        _apply(cfg, key, value)
+    _validate(cfg)
+    return cfg
 
 
 def parse_override(text: str) -> tuple[str, object]:

@@ -36,6 +36,7 @@ class Searcher:
         self._cursor = 0
         self._prompt_tokens: dict[int, list[int]] = {}
         self.samples_generated = 0
+        self.batches = 0
         self.tokens_generated = 0
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
@@ -58,6 +59,9 @@ class Searcher:
     def step(self) -> list[Group]:
         """One search iteration: prompts_per_batch prompts × S samples → one Group per prompt."""
         t0 = time.perf_counter()
+        if self.cfg.fail_after_batches is not None and self.batches >= self.cfg.fail_after_batches:
+            raise RuntimeError(f"injected searcher fault after {self.batches} batches (search.fail_after_batches)")
+        self.batches += 1
         prompts = self._next_prompts()
         prompt_tokens = [self._tokens(p) for p in prompts]
         s = self.cfg.samples_per_prompt

@@ -18,20 +18,16 @@ class InlineRuntime:
     def start(self) -> None:
         pass
 
-    def collect(self, min_groups: int = 1, timeout_s: float = 0.0) -> list[Group]:
-        """Groups produced since the last call; inline, that is one fresh search iteration."""
-        groups: list[Group] = []
-        while len(groups) < min_groups:
-            groups.extend(self.searcher.step())
-        return groups
+    def collect(self, block: bool = True) -> list[Group]:
+        """Inline, search happens only when asked: one fresh search iteration (the runtime is always sync)."""
+        return self.searcher.step()
 
     def publish(self, weights, version: int) -> None:
         self.searcher.load_weights(weights, version)
 
     def stats(self) -> dict[str, float]:
         return {"searcher/samples": self.searcher.samples_generated,
-                "searcher/tokens": self.searcher.tokens_generated,
-                "searcher/version": self.searcher.version}
+                "searcher/version_min": self.searcher.version}
 
     def stop(self) -> None:
         pass

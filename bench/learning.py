@@ -1,0 +1,98 @@
+"""Does the default recipe learn, and is the gain RL's rather than more SFT's?
+
+For each seed: the default recipe's SFT warm start (cached per seed), then `tba train` (TBA RL), then a
+control that continues SFT from the same warm start for the same training wall-clock as RL took.
+Held-out accuracy is greedy pass@1 on the recipe's test problems (500 by default).
+
+    python bench/learning.py --seeds 0 1 2 [key=value ...]
+
+Writes bench/results/learning.md (table + machine, date, command) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from tba.build import build_models, build_task
+from tba.config import load_config
+from tba.evaluate import greedy_accuracy
+from tba.loop import train
+from tba.sft import cache_root, cache_key, train_sft
+
+ROOT = Path(__file__).resolve().parent
+
+
+def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:
+    cfg = load_config(None, [f"seed={seed}", f"output_dir={out_root / f'rl-seed{seed}'}",
+                             "logging.progress=false", *overrides])
+    summary = train(cfg, log=lambda m: print(f"[seed {seed}] {m}", flush=True))
+    budget = summary["train_wall_clock_s"]
+
+    # control: continue SFT from the same warm start, same wall-clock budget, same threads
+    task = build_task(cfg)
+    tokenizer, policy, _, _ = build_models(cfg, task, log=lambda m: None)
+    sft_info = json.loads((cache_root(cfg) / f"sft-{task.name}-{cache_key(cfg)}" / "sft.json").read_text())
+    est_steps = max(1, int(budget / (sft_info["seconds"] / sft_info["steps"])))
+    ctrl_cfg = copy.deepcopy(cfg)
+    ctrl_cfg.sft.log_every_steps = 10**9  # no evals inside the budget
+    ctrl = train_sft(policy, tokenizer, task, ctrl_cfg, steps=est_steps, time_budget_s=budget,
+                     log=lambda m: None)
+    acc_ctrl = greedy_accuracy(policy, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+    row = {"seed": seed, "sft": summary["test_accuracy_start"], "rl": summary["test_accuracy_end"],
+           "ctrl": acc_ctrl, "rl_train_s": budget, "ctrl_s": ctrl["seconds"], "ctrl_steps": ctrl["steps"],
+           "rl_steps": summary["trainer_steps"], "total_s": summary["wall_clock_s"], "n_test": summary["test_problems"]}
+    print(f"[seed {seed}] {row}", flush=True)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| seed | SFT start | after TBA RL | continued SFT (same wall-clock) | RL gain | RL − control | "
+             "RL train s (steps) | control s (steps) | `tba train` total s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['seed']} | {r['sft']:.1%} | {r['rl']:.1%} | {r['ctrl']:.1%} | "
+                     f"{(r['rl'] - r['sft']) * 100:+.1f} | {(r['rl'] - r['ctrl']) * 100:+.1f} | "
+                     f"{r['rl_train_s']:.0f} ({r['rl_steps']}) | {r['ctrl_s']:.0f} ({r['ctrl_steps']}) | "
+                     f"{r['total_s']:.0f} |")
+    gain = [(r["rl"] - r["sft"]) * 100 for r in rows]
+    over = [(r["rl"] - r["ctrl"]) * 100 for r in rows]
+    sd = (lambda x: statistics.stdev(x) if len(x) > 1 else 0.0)
+    lines.append(f"| **mean** | {statistics.mean(r['sft'] for r in rows):.1%} | "
+                 f"{statistics.mean(r['rl'] for r in rows):.1%} | {statistics.mean(r['ctrl'] for r in rows):.1%} | "
+                 f"**{statistics.mean(gain):+.1f}** ± {sd(gain):.1f} | **{statistics.mean(over):+.1f}** ± "
+                 f"{sd(over):.1f} | | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--out", type=Path, default=ROOT / "_out" / "learning")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "learning.md")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    rows = [run_seed(s, args.overrides, args.out) for s in args.seeds]
+    md = table(rows)
+    print(md)
+    header = (f"# bench/learning.py\n\n- date: {datetime.date.today()}\n- machine: {platform.machine()}, "
+              f"{os.cpu_count()} cores, torch {torch.__version__}, no GPU\n"
+              f"- command: `python bench/learning.py {' '.join(sys.argv[1:])}`\n"
+              f"- held-out: greedy pass@1 on {rows[0]['n_test']} problems; warm start cached per seed; "
+              f"control = SFT continued from the same warm start for the RL run's training wall-clock "
+              f"(evaluation time excluded from both)\n\n")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(header + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The runtime seam: what the training loop needs from whatever hosts the searchers.
+
+Three things move: completed groups (searcher → buffer), weights with a version (trainer → searchers), and
+control (start, stop, errors, metrics). A runtime implements `Runtime`; the loop in tba.loop is written
+against it only, so it reads the same on one process, several local processes, or a Ray cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from tba.types import Group
+
+
+class SearcherError(RuntimeError):
+    """A searcher failed; the message carries its traceback."""
+
+
+@dataclass
+class ModelSources:
+    """Where a searcher (in any process or node) loads its models from: hub names or local directories."""
+
+    policy: str
+    reference: str
+    tokenizer: str
+
+
+class Runtime(Protocol):
+    def start(self) -> None:
+        """Start the searchers; returns once every searcher is ready (or raises)."""
+
+    def collect(self, block: bool) -> list[Group]:
+        """Groups produced since the last call. block=True waits (with a timeout) for fresh ones: at least
+        one per searcher in sync mode, at least one in all. block=False never waits."""
+
+    def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Make `weights` (the trainer's state after `version` updates) available; never waits for searchers."""
+
+    def stats(self) -> dict[str, float]:
+        """Searcher-side metrics: samples, busy fraction, versions, weight pick-up time."""
+
+    def stop(self) -> None:
+        """Stop every searcher and release every process or daemon this runtime started."""
+
+
+def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: int):
+    """Construct searcher `rank` inside a worker (process or actor) from plain, picklable inputs."""
+    torch.set_num_threads(threads)
+    from tba.build import build_task
+    from tba.config import from_dict
+    from tba.models import load_model, load_tokenizer
+    from tba.searcher import Searcher
+
+    cfg = from_dict(cfg_dict)
+    policy = load_model(sources.policy, cfg.model.dtype)
+    reference = load_model(sources.reference, cfg.model.dtype)
+    return Searcher(policy, reference, load_tokenizer(sources.tokenizer), build_task(cfg), cfg.search,
+                    seed=cfg.seed + 1000 * (rank + 1), shard=rank, num_shards=cfg.search.num_searchers)
+
+
+def aggregate_stats(per_searcher: list[dict]) -> dict[str, float]:
+    """Runtime metrics from each searcher's latest report (samples, version, busy and sync seconds)."""
+    s = per_searcher
+    if not s:
+        return {}
+    return {
+        "searcher/samples": sum(x["samples"] for x in s),
+        "searcher/version_min": min(x["version"] for x in s),
+        "searcher/busy_fraction": sum(x["busy"] for x in s) / max(sum(x["alive_s"] for x in s), 1e-9),
+        "sync/searcher_load_s": sum(x["sync_s"] for x in s),
+    }
+
+
+def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
+    """(trainer threads, threads per searcher): one share of the cores per process, at least one."""
+    cores = os.cpu_count() or 1
+    if runtime == "inline":
+        return cores, cores
+    share = max(1, cores // (num_searchers + 1))
+    return share, share
+
+
+def flatten(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([w.detach().reshape(-1).float() for w in weights.values()])
+
+
+def unflatten_into(flat: torch.Tensor, model) -> None:
+    """Copy a flat fp32 vector (in state_dict order) into `model`'s parameters and buffers."""
+    offset = 0
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            n = tensor.numel()
+            tensor.copy_(flat[offset:offset + n].view_as(tensor))
+            offset += n
+    if offset != flat.numel():
+        raise ValueError(f"weight vector has {flat.numel()} values, model expects {offset}")

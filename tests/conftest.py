@@ -1,0 +1,26 @@
+"""Shared tiny fixtures: a 2-digit arith task, a tokenizer trained on its corpus, and a ~20k-param model.
+
+Session-scoped because building them costs ~1 s; tests that mutate a model must deep-copy it first.
+"""
+
+import pytest
+
+from tba.config import TinyModelConfig
+from tba.models import build_tiny_model, train_tokenizer
+from tba.tasks.arith import ArithTask
+
+
+@pytest.fixture(scope="session")
+def arith_task():
+    return ArithTask(digits=2, train_size=200, test_size=20)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(arith_task):
+    return train_tokenizer(arith_task.corpus(), 128)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    return build_tiny_model(tiny_tokenizer, cfg, seed=0).eval()

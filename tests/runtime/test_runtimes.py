@@ -1,0 +1,69 @@
+"""End-to-end runs on each runtime with a tiny model: weights reach searchers, stale data is trained on,
+failures surface with the searcher's traceback, and nothing is left running."""
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from tba.cli import main
+
+TINY = ["sft.steps=20", "sft.log_every_steps=20", "task.train_size=200", "task.test_size=8",
+        "trainer.steps=8", "trainer.sync_every_steps=2", "buffer.prefill_samples=12", "eval.every_steps=8",
+        "search.prompts_per_batch=2", "search.samples_per_prompt=6", "trainer.prompts_per_step=2",
+        "trainer.samples_per_prompt=4", "trainer.micro_batch_prompts=2", "logging.progress=false",
+        "logging.tensorboard=false", "eval.max_new_tokens=8", "search.max_new_tokens=24"]
+
+
+def child_processes() -> list[int]:
+    """PIDs of live processes whose parent is this test process (Python's own multiprocessing
+    resource_tracker excepted: it is a per-interpreter singleton that exits with its parent)."""
+    me, kids = str(os.getpid()), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            with open(f"/proc/{pid}/cmdline") as f:
+                if "resource_tracker" not in f.read():
+                    kids.append(int(pid))
+    return kids
+
+
+def run(tmp_path, *extra):
+    out = tmp_path / "run"
+    code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *TINY, *extra])
+    return code, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_local_runtime_publishes_versions_trains_on_stale_data_and_cleans_up(tmp_path, mode):
+    code, out = run(tmp_path, "runtime=local", f"mode={mode}")
+    assert code == 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(m.get("searcher/version_min", 0) for m in lines) > 0  # searchers picked up published weights
+    assert max(m["staleness_max"] for m in lines) > 0  # stale samples were trained on
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runtime"] == "local" and summary["mode"] == mode and summary["trainer_steps"] == 8
+    assert not multiprocessing.active_children() and not child_processes()
+
+
+@pytest.mark.slow
+def test_crashing_searcher_fails_the_run_fast_with_its_traceback(tmp_path, capsys):
+    code, _ = run(tmp_path, "runtime=local", "search.fail_after_batches=3")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "searcher 0 failed" in err and "injected searcher fault" in err and "Traceback" in err
+    assert not multiprocessing.active_children() and not child_processes()
+
+
+@pytest.mark.slow
+def test_inline_runtime_is_sync_only(tmp_path, capsys):
+    code, _ = run(tmp_path, "runtime=inline", "mode=async")
+    assert code == 2 and "mode: the inline runtime" in capsys.readouterr().err
+    code, out = run(tmp_path, "runtime=inline", "mode=sync")
+    assert code == 0 and json.loads((out / "summary.json").read_text())["trainer_steps"] == 8

@@ -1,0 +1,72 @@
+"""Model/tokenizer loading: real transformers checkpoints, the built-in tokenizer, and offline errors."""
+
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tba.models import ModelLoadError, load_model, load_tokenizer, save_checkpoint
+
+
+def test_checkpoint_round_trips_through_plain_transformers(tmp_path, tiny_model, tiny_tokenizer):
+    save_checkpoint(tiny_model, tiny_tokenizer, tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+
+    text = "347+291= 7+1=8 #### 638"
+    assert tok(text)["input_ids"] == tiny_tokenizer(text)["input_ids"]
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (
+        tiny_tokenizer.pad_token_id, tiny_tokenizer.bos_token_id, tiny_tokenizer.eos_token_id)
+    ids = torch.tensor([tiny_tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, tiny_model(ids).logits)
+
+
+def test_tba_loaders_read_a_saved_checkpoint(tmp_path, tiny_model, tiny_tokenizer):
+    save_checkpoint(tiny_model, tiny_tokenizer, tmp_path)
+    tok, model = load_tokenizer(str(tmp_path)), load_model(str(tmp_path))
+    assert tok.pad_token_id == tiny_tokenizer.pad_token_id and tok.padding_side == "left"
+    ids = torch.tensor([tok("12+34=")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(ids).logits, tiny_model(ids).logits)
+
+
+def test_builtin_tokenizer_prepends_bos_and_splits_digits(tiny_tokenizer):
+    ids = tiny_tokenizer("347+291=")["input_ids"]
+    assert ids[0] == tiny_tokenizer.bos_token_id
+    tokens = tiny_tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[1:] == ["3", "4", "7", "+", "2", "9", "1", "="]
+    for d in "0123456789":
+        assert len(tiny_tokenizer(d, add_special_tokens=False)["input_ids"]) == 1
+    assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == "347+291="
+
+
+@pytest.fixture
+def hub_offline(monkeypatch):
+    # huggingface_hub reads HF_HUB_OFFLINE at import: flip the module flag too, or the load retries over HTTP.
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.mark.parametrize("loader", [load_model, load_tokenizer])
+def test_unreachable_hub_name_is_model_load_error_with_local_path_hint(hub_offline, loader):
+    start = time.monotonic()
+    with pytest.raises(ModelLoadError) as e:
+        loader("some-org/definitely-not-a-model")
+    assert time.monotonic() - start < 5
+    message = str(e.value)
+    assert "offline" in message.lower() or "unreachable" in message.lower()
+    assert "model.policy=/path" in message and "some-org/definitely-not-a-model" in message
+
+
+@pytest.mark.parametrize("loader", [load_model, load_tokenizer])
+def test_broken_local_directory_reraises_the_original_error(hub_offline, tmp_path, loader):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises((OSError, ValueError)) as e:
+        loader(str(tmp_path))
+    assert not isinstance(e.value, ModelLoadError)
+    assert "config.json" in str(e.value)
