@@ -27,7 +27,7 @@ from tba.build import build_models, build_task
 from tba.config import load_config
 from tba.evaluate import greedy_accuracy
 from tba.loop import train
-from tba.sft import cache_root, cache_key, train_sft
+from tba.sft import cache_key, cache_root, train_sft
 
 ROOT = Path(__file__).resolve().parent
 
@@ -66,7 +66,10 @@ def table(rows: list[dict]) -> str:
                      f"{r['total_s']:.0f} |")
     gain = [(r["rl"] - r["sft"]) * 100 for r in rows]
     over = [(r["rl"] - r["ctrl"]) * 100 for r in rows]
-    sd = (lambda x: statistics.stdev(x) if len(x) > 1 else 0.0)
+
+    def sd(x):
+        return statistics.stdev(x) if len(x) > 1 else 0.0
+
     lines.append(f"| **mean** | {statistics.mean(r['sft'] for r in rows):.1%} | "
                  f"{statistics.mean(r['rl'] for r in rows):.1%} | {statistics.mean(r['ctrl'] for r in rows):.1%} | "
                  f"**{statistics.mean(gain):+.1f}** ± {sd(gain):.1f} | **{statistics.mean(over):+.1f}** ± "

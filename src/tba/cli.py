@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from tba.models import ModelLoadError
-    from tba.runtime.base import SearcherError
     from tba.progress import console, print_summary
+    from tba.runtime.base import SearcherError
 
     def log(msg: str) -> None:
         console.print(msg, highlight=False)

@@ -158,5 +158,6 @@ def _run(cfg, task, tokenizer, policy, buffer, trainer, runtime, logger, log, t_
         "runtime": cfg.runtime,
         "mode": cfg.mode,
         "seed": cfg.seed,
+        "searchers": runtime.placement(),
         "evals": evals,
     }

@@ -27,7 +27,8 @@ class ModelLoadError(RuntimeError):
 
 def _offline_hint(name: str, err: Exception) -> ModelLoadError:
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    why = "the Hugging Face Hub is off (offline mode, HF_HUB_OFFLINE=1)" if offline else "the Hugging Face Hub could not be reached (offline?)"
+    why = ("the Hugging Face Hub is off (offline mode, HF_HUB_OFFLINE=1)" if offline
+           else "the Hugging Face Hub could not be reached (offline?)")
     return ModelLoadError(
         f"could not load '{name}': it is not a local directory and {why}.\n"
         f"Pass a local path instead, e.g. model.policy=/path/to/model_dir (a directory written by "

@@ -43,6 +43,9 @@ class Runtime(Protocol):
     def stats(self) -> dict[str, float]:
         """Searcher-side metrics: samples, busy fraction, versions, weight pick-up time."""
 
+    def placement(self) -> list[dict]:
+        """Where each searcher runs (rank, pid or Ray node id, host), for the run summary."""
+
     def stop(self) -> None:
         """Stop every searcher and release every process or daemon this runtime started."""
 

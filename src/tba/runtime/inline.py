@@ -7,6 +7,9 @@ does generate with a stale policy, exactly as a remote searcher would.
 
 from __future__ import annotations
 
+import os
+import socket
+
 from tba.searcher import Searcher
 from tba.types import Group
 
@@ -28,6 +31,9 @@ class InlineRuntime:
     def stats(self) -> dict[str, float]:
         return {"searcher/samples": self.searcher.samples_generated,
                 "searcher/version_min": self.searcher.version}
+
+    def placement(self) -> list[dict]:
+        return [{"rank": 0, "pid": os.getpid(), "host": socket.gethostname()}]
 
     def stop(self) -> None:
         pass

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import queue as queue_lib
 import signal
+import socket
 import time
 import traceback
 
@@ -89,6 +90,7 @@ class LocalRuntime:
                 self.queue, self.stop_event, self.requests[rank], os.getpid()))
             p.start()
             self._procs.append(p)
+        self._placement = [{"rank": r, "pid": p.pid, "host": socket.gethostname()} for r, p in enumerate(self._procs)]
         ready, deadline = set(), time.monotonic() + self.cfg.search.ready_timeout_s
         while len(ready) < self.n:
             kind, rank, payload = self._get(deadline, "to start")
@@ -148,6 +150,9 @@ class LocalRuntime:
 
     def stats(self) -> dict[str, float]:
         return aggregate_stats(list(self._stats.values()))
+
+    def placement(self) -> list[dict]:
+        return self._placement
 
     def stop(self) -> None:
         if not self._procs:

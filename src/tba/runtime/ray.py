@@ -69,7 +69,7 @@ class RayRuntime:
         self._latest: tuple[int, object] | None = None
         self._stats: dict[int, dict] = {}
         self._started_ray = False
-        self.placement: list[dict] = []
+        self._placement: list[dict] = []
 
     def start(self) -> None:
         if not ray.is_initialized():
@@ -85,19 +85,20 @@ class RayRuntime:
         cfg_dict = to_dict(self.cfg)
         self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads) for rank in range(s.num_searchers)]
         self._sent_version = [0] * len(self.actors)
-        self.placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
+        self._placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
         if not self.sync:
             for i in range(len(self.actors)):
                 for _ in range(self.pipeline_depth):
                     self._submit(i)
 
-    def _get(self, refs, timeout: float, what: str):
+    def _get(self, refs, timeout: float, what: str, rank: int | None = None):
         try:
             return ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             raise SearcherError(f"timed out after {timeout:.0f}s waiting for searchers {what}") from None
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-            raise SearcherError(f"searcher failed:\n{e}") from None
+            who = "a searcher" if rank is None else f"searcher {rank}"
+            raise SearcherError(f"{who} failed. Traceback (remote, from Ray):\n{e}") from None
 
     def _submit(self, i: int) -> None:
         args = ()
@@ -108,7 +109,7 @@ class RayRuntime:
 
     def _receive(self, ref) -> list[Group]:
         i = self._in_flight.pop(ref)
-        groups, stats = self._get(ref, 60, "to return a finished batch")
+        groups, stats = self._get(ref, 60, "to return a finished batch", rank=i)
         self._stats[i] = stats
         return groups
 
@@ -136,6 +137,9 @@ class RayRuntime:
 
     def stats(self) -> dict[str, float]:
         return aggregate_stats(list(self._stats.values()))
+
+    def placement(self) -> list[dict]:
+        return self._placement
 
     def stop(self) -> None:
         if ray is None or not ray.is_initialized():
