@@ -38,7 +38,8 @@ def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:
     summary = train(cfg, log=lambda m: print(f"[seed {seed}] {m}", flush=True))
     budget = summary["train_wall_clock_s"]
 
-    # control: continue SFT from the same warm start, same wall-clock budget, same threads
+    # control: continue SFT from the same warm start, same wall-clock budget, all cores (RL used them all too)
+    torch.set_num_threads(os.cpu_count() or 1)
     task = build_task(cfg)
     tokenizer, policy, _, _ = build_models(cfg, task, log=lambda m: None)
     sft_info = json.loads((cache_root(cfg) / f"sft-{task.name}-{cache_key(cfg)}" / "sft.json").read_text())

@@ -75,7 +75,7 @@ def _run(cfg, task, tokenizer, policy, buffer, trainer, runtime, logger, log, t_
         return greedy_accuracy(policy, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
 
     t_train = time.perf_counter()
-    evals = [(0, evaluate())]
+    evals = [(0, evaluate(), 0.0)]  # (step, accuracy, training seconds so far, evaluation excluded)
     log(f"test accuracy at start (greedy pass@1, {len(task.test)} problems): {evals[0][1]:.3f}")
     runtime.start()  # searchers run from here on (async: continuously)
     t_train, eval_s = time.perf_counter(), 0.0  # eval_s: evaluation time inside the loop, excluded below
@@ -111,7 +111,7 @@ def _run(cfg, task, tokenizer, policy, buffer, trainer, runtime, logger, log, t_
             busy_s += time.perf_counter() - t_step
             if step % cfg.eval.every_steps == 0 or step == t.steps:
                 t_eval = time.perf_counter()
-                evals.append((step, evaluate()))
+                evals.append((step, evaluate(), t_eval - t_train - eval_s))
                 eval_s += time.perf_counter() - t_eval
                 log(f"step {step}: test accuracy {evals[-1][1]:.3f}")
                 metrics["eval/test_accuracy"] = evals[-1][1]
