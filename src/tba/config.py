@@ -139,6 +139,20 @@ class TBConfig:
 
 
 @dataclass
+class BaselineConfig:
+    """Settings of the comparison objectives (β comes from the `tb` section's schedule for all of them)."""
+
+    clip_eps: float = 0.2
+    """dr_grpo: PPO clip range ε of the ratio π_θ/π_behaviour."""
+    kl_coef: float = 0.0
+    """dr_grpo: coefficient of the k3 KL-to-reference penalty (0 = none, as Dr. GRPO)."""
+    importance_clip: float = 8.0
+    """tba_prime: clamp of the detached importance ratio (CISPO-style)."""
+    reference_reset_steps: int | None = 50
+    """tba_prime: ρ, the reference is reset to the current policy every ρ steps (None = never)."""
+
+
+@dataclass
 class TrainerConfig:
     steps: int = 200
     """U: total trainer (optimizer) steps."""
@@ -185,7 +199,7 @@ class RunConfig:
     seed: int = 0
     output_dir: str = "runs/default"
     objective: str = "tb"
-    """Training objective; `tb` = VarGrad Trajectory Balance."""
+    """tb (VarGrad Trajectory Balance) | dr_grpo | rloo | online_dpo | tba_prime (baselines, docs/objectives.md)."""
     runtime: str = "local"
     """inline: one process, search and training alternate | local: searcher processes (torch.multiprocessing)
     | ray: searcher actors on a Ray cluster."""
@@ -200,6 +214,7 @@ class RunConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     tb: TBConfig = field(default_factory=TBConfig)
+    baselines: BaselineConfig = field(default_factory=BaselineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -209,7 +224,7 @@ class RunConfig:
 CHOICES = {
     "task.name": ("arith", "gsm8k"),
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "objective": ("tb",),
+    "objective": ("tb", "dr_grpo", "rloo", "online_dpo", "tba_prime"),
     "runtime": ("inline", "local", "ray"),
     "mode": ("async", "sync"),
     "trainer.lr_schedule": ("constant", "linear", "wsd"),

@@ -14,6 +14,7 @@ travel; this file is the order of operations, which is part of the algorithm.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import time
@@ -54,8 +55,9 @@ def train(cfg: RunConfig, log=print) -> dict:
         f"policy {num_parameters(policy) / 1e6:.2f}M params; runtime {cfg.runtime}, mode {cfg.mode}")
     buffer = ReplayBuffer(cfg.buffer.capacity_per_prompt, cfg.buffer.online_prob,
                           cfg.buffer.offline_inverse_temperature, cfg.buffer.dedup, seed=cfg.seed)
-    trainer = Trainer(policy, cfg.trainer, cfg.tb, objective=cfg.objective,
-                      temperature=cfg.search.temperature, pad_id=tokenizer.pad_token_id)
+    trainer = Trainer(policy, cfg.trainer, cfg.tb, objective=cfg.objective, temperature=cfg.search.temperature,
+                      pad_id=tokenizer.pad_token_id, baselines=cfg.baselines, max_tokens=cfg.search.max_new_tokens,
+                      reference=copy.deepcopy(reference) if cfg.objective == "tba_prime" else None)
     runtime = make_runtime(cfg, task=task, tokenizer=tokenizer, policy=policy, reference=reference,
                            source=source, out_dir=out)
     logger = MetricsLogger(out, cfg)

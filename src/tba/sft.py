@@ -103,7 +103,12 @@ def warm_start(cfg: RunConfig, task, log=print) -> Path:
     log(f"SFT warm start: no cached checkpoint, training one ({cfg.sft.steps} steps) → {path}")
     tokenizer = train_tokenizer(task.corpus(), cfg.model.tiny.vocab_size)
     model = build_tiny_model(tokenizer, cfg.model.tiny, seed=cfg.seed)
-    result = train_sft(model, tokenizer, task, cfg, log=log)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet: SFT gets every core
+    try:
+        result = train_sft(model, tokenizer, task, cfg, log=log)
+    finally:
+        torch.set_num_threads(threads)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     save_checkpoint(model, tokenizer, tmp)
     (tmp / "sft.json").write_text(json.dumps(result, indent=1))

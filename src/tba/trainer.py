@@ -15,9 +15,10 @@ import time
 import torch
 
 from tba.buffer import Draw
-from tba.config import TBConfig, TrainerConfig
+from tba.config import BaselineConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
-from tba.objectives import OBJECTIVES, beta_at
+from tba.objectives import objective_loss
+from tba.objectives.tb import beta_at
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -39,11 +40,21 @@ def lr_factor(step: int, cfg: TrainerConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(into_decay / cfg.decay_steps, 1.0)))
 
 
+def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width)  # [N, R]
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r[:width])
+    return out
+
+
 class Trainer:
     def __init__(self, model, cfg: TrainerConfig, tb: TBConfig, *, objective: str, temperature: float,
-                 pad_id: int):
+                 pad_id: int, baselines: BaselineConfig | None = None, max_tokens: int = 1, reference=None):
         self.model, self.cfg, self.tb = model, cfg, tb
-        self.loss_fn = OBJECTIVES[objective]
+        self.objective, self.baselines = objective, baselines or BaselineConfig()
+        self.max_tokens = max_tokens
+        # TBA′ resets its reference to the current policy every ρ steps, so it scores π_ref itself
+        self.reference = reference if objective == "tba_prime" else None
         self.temperature, self.pad_id = temperature, pad_id
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                            weight_decay=cfg.weight_decay)
@@ -73,11 +84,21 @@ class Trainer:
             prompts = [d.prompt_tokens for d in micro for _ in d.samples]
             responses = [s.response for d in micro for s in d.samples]
             logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
-            logp = logp_tok.sum(-1)  # [N] log π_θ(y|x), summed over response tokens
-            ref = torch.tensor([s.ref_logprob_sum for d in micro for s in d.samples])  # [N]
+            width = logp_tok.shape[1]
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_tok, _ = response_logprobs(self.reference, prompts, responses, self.temperature, self.pad_id)
+            else:
+                ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width)  # [N, R]
+            behaviour_tok = _padded([s.behaviour_logprobs or [0.0] * len(s.response)
+                                     for d in micro for s in d.samples], width)  # [N, R]
             reward = torch.tensor([s.reward for d in micro for s in d.samples])  # [N]
             group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples])  # [N]
-            loss = self.loss_fn(logp, ref, reward, group, beta) * (len(responses) / n_total)
+            loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,
+                                  behaviour_logp=behaviour_tok, reward=reward, group=group, beta=beta,
+                                  cfg=self.baselines, max_tokens=self.max_tokens) * (len(responses) / n_total)
+            logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
+            ref = (ref_tok * mask).sum(-1)  # [N]
             loss.backward()
             loss_total += loss.item()
             tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
@@ -91,6 +112,9 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
             self.version += 1
+            rho = self.baselines.reference_reset_steps
+            if self.reference is not None and rho and self.version % rho == 0:
+                self.reference.load_state_dict(self.model.state_dict())  # TBA′: π_ref ← π_θ every ρ steps
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)

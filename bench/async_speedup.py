@@ -1,0 +1,131 @@
+"""Async vs sync on this machine: wall-clock to a fixed held-out accuracy, busy fractions, samples/s.
+
+Same recipe (the embedded default), same seeds, same SFT warm start; only the runtime and mode change:
+
+  async-local   the default: 1 searcher process + trainer, concurrent, shared-memory weights
+  async-ray     the same on a private local Ray (runtime overhead vs local)
+  sync-inline   one process with all cores, generation and training alternate (the honest sync baseline)
+  sync-local    the same components as async-local, alternating (each phase gets one process' cores)
+
+    python bench/async_speedup.py --seeds 0 1 --target 0.7
+
+Time-to-target is the training clock (prefill included, evaluation excluded) at the first evaluation that
+reaches the target; evaluations run every `--eval-every` steps on the 500 held-out problems.
+Writes bench/results/async_speedup.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from tba.config import load_config
+from tba.loop import train
+
+ROOT = Path(__file__).resolve().parent
+VARIANTS = {
+    "async-local": ["runtime=local", "mode=async"],
+    "async-ray": ["runtime=ray", "mode=async"],
+    "sync-inline": ["runtime=inline", "mode=sync"],
+    "sync-local": ["runtime=local", "mode=sync"],
+}
+
+
+def time_to(evals: list, target: float) -> float | None:
+    for _, acc, seconds in evals:
+        if acc >= target:
+            return seconds
+    return None
+
+
+def run(variant: str, seed: int, args) -> dict:
+    cfg = load_config(None, [f"seed={seed}", f"output_dir={args.out / f'{variant}-seed{seed}'}",
+                             "logging.progress=false", f"eval.every_steps={args.eval_every}",
+                             *VARIANTS[variant], *args.overrides])
+    s = train(cfg, log=lambda m: None)
+    row = {"variant": variant, "seed": seed, "final_acc": s["test_accuracy_end"],
+           "time_to_target_s": time_to(s["evals"], args.target), "train_s": s["train_wall_clock_s"],
+           "total_s": s["wall_clock_s"], "trainer_busy": s["trainer_busy_fraction"],
+           "samples_per_s": s["samples_generated"] / s["train_wall_clock_s"], "steps": s["trainer_steps"]}
+    metrics = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    row["staleness_mean"] = statistics.mean(m["staleness_mean"] for m in metrics)
+    busy = [m["searcher/busy_fraction"] for m in metrics if "searcher/busy_fraction" in m]
+    row["searcher_busy"] = busy[-1] if busy else None
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def table(rows: list[dict], target: float) -> str:
+    out = [f"| variant | seed | time to {target:.0%} (s) | final acc | train s (200 steps) | total s | "
+           "trainer busy | searcher busy | samples/s | staleness mean |", "|---" * 10 + "|"]
+    for r in rows:
+        out.append(f"| {r['variant']} | {r['seed']} | {fmt(r['time_to_target_s'], '.0f')} | {r['final_acc']:.1%} | "
+                   f"{r['train_s']:.0f} | {r['total_s']:.0f} | {r['trainer_busy']:.0%} | "
+                   f"{fmt(r['searcher_busy'], '.0%')} | {r['samples_per_s']:.0f} | {r['staleness_mean']:.1f} |")
+    return "\n".join(out)
+
+
+def speedups(rows: list[dict], key: str, base: str, fast: str) -> list[float]:
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    out = []
+    for s in seeds:
+        b, f = by.get((base, s)), by.get((fast, s))
+        if b and f and b[key] and f[key]:
+            out.append(b[key] / f[key])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--target", type=float, default=0.7)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--out", type=Path, default=ROOT / "_out" / "async_speedup")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "async_speedup.md")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    variants = [v for v in args.variants if v != "async-ray" or importlib.util.find_spec("ray")]
+    rows = [run(v, s, args) for s in args.seeds for v in variants]
+    lines = [table(rows, args.target), ""]
+    for base in ("sync-inline", "sync-local"):
+        tt = speedups(rows, "time_to_target_s", base, "async-local")
+        if tt:
+            lines.append(f"- async-local vs {base}, wall-clock to {args.target:.0%}: "
+                         f"{', '.join(f'{x:.2f}×' for x in tt)} (median {statistics.median(tt):.2f}×)")
+        st = speedups(rows, "train_s", base, "async-local")
+        if st:
+            lines.append(f"- async-local vs {base}, wall-clock for the same 200 steps: "
+                         f"{', '.join(f'{x:.2f}×' for x in st)} (median {statistics.median(st):.2f}×)")
+    ov = speedups(rows, "train_s", "async-ray", "async-local")
+    if ov:
+        lines.append(f"- Ray runtime overhead (async-ray train s / async-local train s): "
+                     f"{', '.join(f'{x:.2f}' for x in ov)} (median {statistics.median(ov):.2f}); "
+                     "total s also includes Ray's start-up")
+    md = "\n".join(lines)
+    print(md)
+    header = (f"# bench/async_speedup.py\n\n- date: {datetime.date.today()}\n- machine: {platform.machine()}, "
+              f"{os.cpu_count()} cores, torch {torch.__version__}, no GPU\n"
+              f"- command: `python bench/async_speedup.py {' '.join(sys.argv[1:])}`\n"
+              "- caveat: evaluation time is excluded from the training clock; in async variants the searcher keeps "
+              "generating while the trainer evaluates, which adds fresh samples but no trainer steps\n\n")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(header + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Per-prompt-group reductions shared by the objectives.
+
+Groups are given by an explicit id per sequence (arbitrary, non-contiguous ints), never by position or reshape:
+a micro-batch need not hold whole groups laid out contiguously (§7.3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_index(group: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Map ids to 0..G−1: (inverse [N], G)."""
+    unique, inverse = torch.unique(group, return_inverse=True)
+    return inverse, len(unique)
+
+
+def group_size(group: torch.Tensor) -> torch.Tensor:
+    """K_g of each sequence's group, shape [N] (int64)."""
+    inverse, num_groups = group_index(group)
+    return torch.bincount(inverse, minlength=num_groups)[inverse]
+
+
+def group_mean(x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Each element of x [N] replaced by the mean of x over its group, shape [N]. Differentiable in x."""
+    inverse, num_groups = group_index(group)
+    sums = torch.zeros(num_groups, dtype=x.dtype, device=x.device).index_add(0, inverse, x)  # Σ_{j∈g} x_j
+    counts = torch.bincount(inverse, minlength=num_groups).to(x.dtype)  # K_g
+    return (sums / counts)[inverse]

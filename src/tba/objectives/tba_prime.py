@@ -1,0 +1,47 @@
+"""TBA′ (paper App. C, §5.4, §6 "TBA′"): Dr. GRPO with the KL inside the advantage and CISPO-style weights.
+
+For sequence i of N in prompt group g(i), response tokens t with mask m_it, behaviour policy μ (the searcher's):
+
+    KL̂_i = SG[ Σ_t m_it·(log π_θ(y_it) − log π_ref(y_it)) ]
+    A_i  = SG[ (r_i − mean_g r) − β·(KL̂_i − mean_g KL̂) ]
+    w_it = SG[ min(exp(log π_θ(y_it) − log μ(y_it)), clip_ratio) ]
+    L    = −(1/N) Σ_i Σ_t m_it · w_it · A_i · log π_θ(y_it) / T_max      (T_max = `max_tokens`, Dr. GRPO style)
+
+A_i is exactly the on-policy VarGrad-TB advantage of §2.3, so on-policy (w = 1) the gradient of L is that of
+vargrad_tb_loss scaled by β/(2·T_max). No std normalisation.
+
+Not done here: the reference policy is reset to the current policy every ρ steps (ρ = 50 in paper Table 4);
+that is the trainer's job. Detaching w: the paper's author describes "importance sampling with CISPO
+clip_ratio = 8" on PRIME-RL's ratio loss, whose snapshot clamps π_θ/π_old into [0, 8]; whether PRIME-RL detaches
+that ratio could not be confirmed (reference §6), so we detach it as true CISPO does: the clamped ratio only
+weights a REINFORCE term and the gradient flows through log π_θ alone.
+Padded positions are excluded with torch.where, not multiplied by 0, so any value there (even nan/inf) is inert.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tba.objectives.groups import group_mean
+
+
+def tba_prime_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                   reward: torch.Tensor, group: torch.Tensor, beta: float, *, clip_ratio: float = 8.0,
+                   max_tokens: int) -> torch.Tensor:
+    """Scalar loss. logp, behaviour_logp, ref_logp, mask: [N, R] per token; reward, group: [N]."""
+    if logp.dim() != 2 or not (logp.shape == behaviour_logp.shape == ref_logp.shape == mask.shape):
+        raise ValueError(f"expected equal [N, R] token tensors, got {logp.shape}, {behaviour_logp.shape}, "
+                         f"{ref_logp.shape}, {mask.shape}")
+    if reward.shape != (logp.shape[0],) or group.shape != (logp.shape[0],):
+        raise ValueError(f"expected reward and group of shape [{logp.shape[0]}], got {reward.shape}, {group.shape}")
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    valid = mask > 0  # real response tokens
+    reward = reward.to(logp.dtype)
+    kl = torch.where(valid, logp - ref_logp.to(logp.dtype), 0.0).sum(dim=1).detach()  # KL̂_i
+    adv = ((reward - group_mean(reward, group)) - beta * (kl - group_mean(kl, group))).detach()  # A_i
+    log_ratio = torch.where(valid, logp - behaviour_logp.to(logp.dtype), 0.0).detach()  # log π_θ/μ (0 on padding)
+    weight = log_ratio.exp().clamp(max=clip_ratio)  # w_it = min(ρ_it, clip_ratio), detached
+    per_token = torch.where(valid, weight * logp, 0.0)  # m_it·w_it·log π_θ(y_it)
+    per_seq = adv * per_token.sum(dim=1) / max_tokens  # A_i Σ_t m·w·log π_θ / T_max
+    return -per_seq.mean()  # −(1/N) Σ_i
