@@ -106,7 +106,8 @@ class LocalRuntime:
                 for rank, p in enumerate(self._procs):
                     if not p.is_alive():
                         raise SearcherError(
-                            f"searcher {rank} died (exit code {p.exitcode}) without a traceback") from None
+                            f"searcher {rank} died (exit code {p.exitcode}) before it could report an error; "
+                            "its own output (stderr, above) has the cause") from None
                 if time.monotonic() > deadline:
                     raise SearcherError(f"timed out waiting for searchers {what}") from None
                 continue
@@ -139,7 +140,8 @@ class LocalRuntime:
         if not block:
             for rank, p in enumerate(self._procs):
                 if not p.is_alive():
-                    raise SearcherError(f"searcher {rank} died (exit code {p.exitcode}) without a traceback")
+                    raise SearcherError(f"searcher {rank} died (exit code {p.exitcode}) before it could report an "
+                                        "error; its own output (stderr, above) has the cause")
         return groups
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
