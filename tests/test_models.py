@@ -1,6 +1,7 @@
 """Model/tokenizer loading: real transformers checkpoints, the built-in tokenizer, and offline errors."""
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +71,39 @@ def test_broken_local_directory_reraises_the_original_error(hub_offline, tmp_pat
         loader(str(tmp_path))
     assert not isinstance(e.value, ModelLoadError)
     assert "config.json" in str(e.value)
+
+
+def test_package_source_names_the_missing_package():
+    from tba.models import ModelLoadError, resolve_source
+
+    with pytest.raises(ModelLoadError, match="package 'no_such_pkg_xyz' is not installed"):
+        resolve_source("package:no_such_pkg_xyz/model.gguf")
+
+
+def test_package_source_resolves_a_file_inside_an_installed_package(tmp_path):
+    from tba.models import resolve_source
+
+    path = resolve_source("package:tba/recipes/arith_tiny_cpu.yaml")
+    assert path.endswith("recipes/arith_tiny_cpu.yaml") and Path(path).is_file()
+
+
+def test_missing_gguf_file_is_a_clear_error(tmp_path):
+    from tba.models import ModelLoadError, resolve_source
+
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        resolve_source(str(tmp_path / "nope.gguf"))
+
+
+def test_chat_template_wraps_every_prompt(arith_task, tiny_tokenizer):
+    import copy
+
+    from tba.build import apply_chat_template
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    task = copy.deepcopy(arith_task)
+    apply_chat_template(task, tok)
+    assert task.train[0].text == f"<user>{arith_task.train[0].text}<assistant>"
+    assert all(p.text.startswith("<user>") for p in task.test)
+    with pytest.raises(ValueError, match="no chat template"):
+        apply_chat_template(copy.deepcopy(arith_task), tiny_tokenizer)

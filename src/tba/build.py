@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from tba.config import RunConfig
-from tba.models import build_tiny_model, load_model, load_tokenizer, train_tokenizer
+from tba.models import build_tiny_model, load_model, load_tokenizer, resolve_source, train_tokenizer
 
 
-def build_task(cfg: RunConfig):
+def build_task(cfg: RunConfig, tokenizer=None):
+    """The configured task; with `task.chat_template` its prompts are wrapped by `tokenizer`'s chat template."""
     t = cfg.task
     if t.name == "arith":
         from tba.tasks.arith import ArithTask
 
-        return ArithTask(digits=t.digits, train_size=t.train_size, test_size=t.test_size,
-                         slip_prob=t.teacher_slip_prob)
-    from tba.tasks.gsm8k import GSM8KTask
+        task = ArithTask(digits=t.digits, train_size=t.train_size, test_size=t.test_size,
+                         slip_prob=t.teacher_slip_prob, template=t.prompt_template or "{a}+{b}=")
+    else:
+        from tba.tasks.gsm8k import PROMPT_TEMPLATE, GSM8KTask
 
-    return GSM8KTask(source=t.source or "openai/gsm8k", train_size=t.train_size, test_size=t.test_size)
+        task = GSM8KTask(source=t.source or "openai/gsm8k", train_size=t.train_size, test_size=t.test_size,
+                         template=t.prompt_template or PROMPT_TEMPLATE)
+    if t.chat_template and tokenizer is not None:
+        apply_chat_template(task, tokenizer)
+    return task
+
+
+def apply_chat_template(task, tokenizer) -> None:
+    """Rewrite every prompt as `tokenizer`'s chat rendering of one user turn, ready for the assistant reply."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("task.chat_template=true but the tokenizer has no chat template")
+
+    def wrap(p):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
+                                             add_generation_prompt=True)
+        return dataclasses.replace(p, text=text)
+
+    task.train = [wrap(p) for p in task.train]
+    task.test = [wrap(p) for p in task.test]
 
 
 def build_models(cfg: RunConfig, task, log=print):
@@ -38,8 +59,8 @@ def build_models(cfg: RunConfig, task, log=print):
             tokenizer = train_tokenizer(task.corpus(), m.tiny.vocab_size)
             policy = build_tiny_model(tokenizer, m.tiny, seed=cfg.seed)
     else:
-        source = m.policy
-        tokenizer, policy = load_tokenizer(m.policy), load_model(m.policy, m.dtype)
+        source = resolve_source(m.policy)
+        tokenizer, policy = load_tokenizer(source), load_model(source, m.dtype)
     reference = load_model(m.reference, m.dtype) if m.reference else copy.deepcopy(policy)
     reference.eval().requires_grad_(False)
     return tokenizer, policy, reference, source

@@ -38,6 +38,11 @@ class TaskConfig:
     """Number of held-out prompts used for evaluation (None = all)."""
     teacher_slip_prob: float = 0.6
     """arith: probability that the SFT teacher forgets a carry. Imitation then plateaus below the ceiling."""
+    prompt_template: str | None = None
+    """Prompt text template. arith: fields {a}, {b} (None = compact `{a}+{b}=`); gsm8k: {question}
+    (None = the paper's `[MATH TASK] Problem:...`)."""
+    chat_template: bool = False
+    """Wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)."""
 
 
 @dataclass

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tba.buffer import ReplayBuffer
-from tba.build import build_models, build_task
+from tba.build import apply_chat_template, build_models, build_task
 from tba.config import RunConfig, save_config
 from tba.evaluate import greedy_accuracy
 from tba.metrics import MetricsLogger
@@ -51,6 +51,8 @@ def train(cfg: RunConfig, log=print) -> dict:
 
     task = build_task(cfg)
     tokenizer, policy, reference, source = build_models(cfg, task, log=log)
+    if cfg.task.chat_template:
+        apply_chat_template(task, tokenizer)
     log(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
         f"policy {num_parameters(policy) / 1e6:.2f}M params; runtime {cfg.runtime}, mode {cfg.mode}")
     buffer = ReplayBuffer(cfg.buffer.capacity_per_prompt, cfg.buffer.online_prob,

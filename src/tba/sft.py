@@ -21,12 +21,11 @@ import torch.nn.functional as F
 
 from tba.config import RunConfig, to_dict
 from tba.evaluate import greedy_accuracy
-from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
+from tba.models import build_tiny_model, cache_dir, save_checkpoint, train_tokenizer
 
 
 def cache_root(cfg: RunConfig) -> Path:
-    root = cfg.sft.cache_dir or os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba"
-    return Path(root)
+    return Path(cfg.sft.cache_dir) if cfg.sft.cache_dir else cache_dir()
 
 
 def cache_key(cfg: RunConfig) -> str:

@@ -61,7 +61,8 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     cfg = from_dict(cfg_dict)
     policy = load_model(sources.policy, cfg.model.dtype)
     reference = load_model(sources.reference, cfg.model.dtype)
-    return Searcher(policy, reference, load_tokenizer(sources.tokenizer), build_task(cfg), cfg.search,
+    tokenizer = load_tokenizer(sources.tokenizer)
+    return Searcher(policy, reference, tokenizer, build_task(cfg, tokenizer), cfg.search,
                     seed=cfg.seed + 1000 * (rank + 1), shard=rank, num_shards=cfg.search.num_searchers)
 
 

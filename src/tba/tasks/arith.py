@@ -59,13 +59,14 @@ class ArithTask:
     name = "arith"
 
     def __init__(self, digits: int = 3, train_size: int | None = 20000, test_size: int | None = 500,
-                 slip_prob: float = 0.6, seed: int = 1234):
+                 slip_prob: float = 0.6, seed: int = 1234, template: str = "{a}+{b}="):
         self.digits, self.slip_prob = digits, slip_prob
         test = list(dict.fromkeys(_problems(test_size or 500, digits, seed + 1)))
         held_out = {(a, b) for a, b, _ in test}
         train = [p for p in dict.fromkeys(_problems(train_size or 20000, digits, seed)) if p[:2] not in held_out]
-        self.train = [Prompt(i, f"{a}+{b}=", ans, {"a": a, "b": b}) for i, (a, b, ans) in enumerate(train)]
-        self.test = [Prompt(i, f"{a}+{b}=", ans, {"a": a, "b": b}) for i, (a, b, ans) in enumerate(test)]
+        fmt = template.format
+        self.train = [Prompt(i, fmt(a=a, b=b), ans, {"a": a, "b": b}) for i, (a, b, ans) in enumerate(train)]
+        self.test = [Prompt(i, fmt(a=a, b=b), ans, {"a": a, "b": b}) for i, (a, b, ans) in enumerate(test)]
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         return gsm8k_reward(completion, prompt.answer)

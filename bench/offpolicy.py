@@ -1,0 +1,132 @@
+"""Off-policy robustness: final held-out accuracy of each objective as data gets staler.
+
+Same recipe (the embedded default, shortened), same searchers and buffer; only the objective, the sync
+period k (searchers generate with weights up to k−1 updates old) and the recency probability m (1−m of the
+prompt slots come from the whole history, as stale as the run) change.
+
+    python bench/offpolicy.py --seeds 0 1 2 --ks 1 4 16 --ms 0.95 0.5 [--workers 2] [key=value ...]
+
+The inline runtime is used so that staleness is exactly what k and m make it (no scheduling noise);
+runs go `--workers` at a time, one thread each. Writes bench/results/offpolicy.md and offpolicy.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+OBJECTIVES = ["tb", "tba_prime", "dr_grpo", "rloo", "online_dpo"]
+
+
+def run_one(job: dict) -> dict:
+    import torch
+
+    from tba.config import load_config
+    from tba.loop import train
+
+    torch.set_num_threads(1)
+    cfg = load_config(None, [f"seed={job['seed']}", f"objective={job['objective']}",
+                             f"trainer.sync_every_steps={job['k']}", f"buffer.online_prob={job['m']}",
+                             f"output_dir={job['out']}", "runtime=inline", "mode=sync", "threads=1",
+                             "search.threads=1", "logging.progress=false", "logging.tensorboard=false",
+                             *job["overrides"]])
+    s = train(cfg, log=lambda m: None)
+    metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
+    return {**{k: job[k] for k in ("objective", "k", "m", "seed")}, "start": s["test_accuracy_start"],
+            "final": s["test_accuracy_end"], "staleness_mean": statistics.mean(x["staleness_mean"] for x in metrics),
+            "train_s": s["train_wall_clock_s"]}
+
+
+def summarise(rows: list[dict], ks, ms) -> str:
+    head = "| objective | " + " | ".join(f"k={k}, m={m}" for m in ms for k in ks) + " |"
+    lines = [head, "|---" * (1 + len(ks) * len(ms)) + "|"]
+    for obj in OBJECTIVES:
+        cells = []
+        for m in ms:
+            for k in ks:
+                acc = [r["final"] * 100 for r in rows if (r["objective"], r["k"], r["m"]) == (obj, k, m)]
+                cells.append(f"{statistics.mean(acc):.1f} ± {statistics.stdev(acc) if len(acc) > 1 else 0:.1f}"
+                             if acc else "—")
+        if any(c != "—" for c in cells):
+            lines.append(f"| {obj} | " + " | ".join(cells) + " |")
+    stale = {(k, m): statistics.mean(r["staleness_mean"] for r in rows if (r["k"], r["m"]) == (k, m))
+             for m in ms for k in ks if any((r["k"], r["m"]) == (k, m) for r in rows)}
+    lines.append("| *mean staleness of trained samples (updates)* | " +
+                 " | ".join(f"{stale[(k, m)]:.1f}" if (k, m) in stale else "—" for m in ms for k in ks) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], ks, ms, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(ms), figsize=(5 * len(ms), 4), sharey=True, squeeze=False)
+    for ax, m in zip(axes[0], ms, strict=True):
+        for obj in OBJECTIVES:
+            means, sds, xs = [], [], []
+            for k in ks:
+                acc = [r["final"] * 100 for r in rows if (r["objective"], r["k"], r["m"]) == (obj, k, m)]
+                if acc:
+                    xs.append(k)
+                    means.append(statistics.mean(acc))
+                    sds.append(statistics.stdev(acc) if len(acc) > 1 else 0.0)
+            if xs:
+                ax.errorbar(xs, means, yerr=sds, marker="o", capsize=3, label=obj)
+        start = statistics.mean(r["start"] * 100 for r in rows)
+        ax.axhline(start, color="gray", linestyle=":", label="SFT start")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("sync period k (updates between weight publications)")
+        ax.set_title(f"m = {m}")
+    axes[0][0].set_ylabel("held-out accuracy after RL (%)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--ms", type=float, nargs="+", default=[0.95, 0.5])
+    ap.add_argument("--objectives", nargs="+", default=OBJECTIVES)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "_out" / "offpolicy")
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "offpolicy.md")
+    ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.steps=100")
+    args = ap.parse_args()
+    jobs = [{"objective": o, "k": k, "m": m, "seed": s, "overrides": args.overrides,
+             "out": str(args.out / f"{o}-k{k}-m{m}-s{s}")}
+            for s in args.seeds for m in args.ms for k in args.ks for o in args.objectives]
+    rows = []
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=ctx) as pool:
+        for row in pool.map(run_one, jobs):
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    md = summarise(rows, args.ks, args.ms)
+    print(md)
+    png = args.results.with_suffix(".png")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    plot(rows, args.ks, args.ms, png)
+    header = (f"# bench/offpolicy.py\n\n- date: {datetime.date.today()}\n- machine: {platform.machine()}, "
+              f"{os.cpu_count()} cores, no GPU\n- command: `python bench/offpolicy.py {' '.join(sys.argv[1:])}`\n"
+              f"- cells: final held-out accuracy (%, greedy pass@1), mean ± std over seeds {args.seeds}; "
+              "all objectives share lr, β, B, K, S and the SFT start (no per-objective tuning)\n"
+              f"- plot: [{png.name}]({png.name})\n\n")
+    args.results.write_text(header + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""tba (async local runtime, default recipe) vs TRL's GRPOTrainer: wall-clock to a held-out accuracy target.
+
+Both systems, in the same invocation and per seed, start from the SAME SFT warm start (`tba.sft.warm_start`,
+loaded with AutoModelForCausalLM / AutoTokenizer), and share: the ArithTask train prompts and reward
+(`task.reward`, GSM8K last-number exact match), B = trainer.prompts_per_step prompts × K = trainer.samples_per_prompt
+samples per optimizer step, search.max_new_tokens completion tokens, sampling T = search.temperature, top-k 0,
+top-p search.top_p, AdamW (0.9/0.999, eps 1e-8, no weight decay, no warmup, constant lr = trainer.lr, no grad
+clipping, float32), and the evaluation: `tba.evaluate.greedy_accuracy` on task.test (500 problems), every
+`--eval-every` optimizer steps, on the model being trained, with evaluation time excluded from the clock.
+Prompt text is the bare `a+b=`; both tokenize it with the same tokenizer call, whose post-processor prepends <bos>
+(the smoke run prints both id lists to show they are identical).
+
+    python bench/vs_trl.py --seeds 0 1 --budget-s 60 --target 0.6 --eval-every 10 [key=value ...]
+    python bench/vs_trl.py --smoke          # seconds: shrunken task, 20-step SFT, 10 tba steps (CI)
+
+key=value overrides go to the tba config and, through it, to TRL (B, K, lr, T, lengths, task, SFT).
+Dependency: TRL is a benchmark-only dependency, not in pyproject:
+`pip install -c /work/main/.venv/constraints.txt trl` (keeps torch pinned; written against trl 1.16).
+
+Clocks. tba: its own training clock (searcher start-up and buffer prefill included, evaluation excluded);
+it runs trainer.steps steps (default recipe: 200, or --tba-steps), not a budget — if it finishes before the
+budget a warning is printed and its last evaluation stands. TRL: from on_train_begin, evaluation excluded; the
+callback stops training when the next step would end past --budget-s, so its last evaluation is inside the budget.
+Time to target and accuracy at budget use only evaluations at or before the budget (tba's last in-budget
+evaluation can lie up to --eval-every steps before it). Ratio = TRL time-to-target / tba time-to-target
+(the issue's goal is ≥ 4×); if only tba reaches the target it is a lower bound: budget / tba time.
+
+Known unfairness (not tuned away; report as measured):
+- Objectives differ by design: tba = VarGrad TB with β (an implicit KL to the SFT reference, sequence-level
+  residual on summed log-probs); TRL = GRPO defaults, loss_type "dapo" (per-token normalisation, group-std
+  advantages), beta = 0.0 (TRL's default: no KL, no reference model), PPO clip inactive (one update per
+  generation). The same lr is therefore not the same step size (calibration.md §6: TRL collapsed at 3e-4).
+- TRL defaults we override to match tba: bf16 → False (tba trains float32), gradient_checkpointing → False,
+  max_grad_norm 1.0 → 0 (tba: no clipping).
+- Threads: TRL is one process with torch threads = all cores (2); tba is 1 searcher + 1 trainer process, one
+  core each. Other work on the machine disturbs both; run them on an idle machine.
+- Prompt draws: TRL walks a shuffled dataset; tba's searcher sweeps its shard and the buffer samples
+  recent groups. TRL generates on-policy each step; tba trains on slightly stale samples (async).
+Writes bench/results/vs_trl.md (date, machine, command, table, raw JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from tba.build import build_task  # noqa: E402
+from tba.config import load_config  # noqa: E402
+from tba.evaluate import greedy_accuracy  # noqa: E402
+from tba.loop import train  # noqa: E402
+from tba.sft import warm_start  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+SMOKE = ["task.train_size=300", "task.test_size=16", "sft.steps=20", "sft.log_every_steps=20",
+         "sft.cache_dir=/tmp/vs_trl_smoke_cache", "trainer.steps=10"]
+
+
+def in_budget(evals: list, budget: float) -> list:
+    return [e for e in evals if e[2] <= budget]
+
+
+def time_to(evals: list, target: float, budget: float) -> float | None:
+    return next((s for _, acc, s in in_budget(evals, budget) if acc >= target), None)
+
+
+def run_tba(cfg, args, seed: int) -> dict:
+    s = train(cfg, log=lambda m: print(f"[tba seed {seed}] {m}", flush=True))
+    if s["train_wall_clock_s"] < args.budget_s:
+        print(f"WARNING: tba finished {s['trainer_steps']} steps in {s['train_wall_clock_s']:.0f} s < budget "
+              f"{args.budget_s:.0f} s; raise --tba-steps for a full-budget comparison", flush=True)
+    return {"evals": [tuple(e) for e in s["evals"]], "steps": s["trainer_steps"], "train_s": s["train_wall_clock_s"],
+            "reward_end": s["train_reward_end"]}
+
+
+def run_trl(cfg, task, sft_dir: Path, args, seed: int) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+    model = AutoModelForCausalLM.from_pretrained(sft_dir, dtype=torch.float32)
+    by_text = {p.text: p for p in task.train}
+
+    def arith_reward(prompts, completions, **_):
+        return [task.reward(by_text[p], c) for p, c in zip(prompts, completions, strict=True)]
+
+    def evaluate(m) -> float:
+        was = m.training
+        m.eval()
+        acc = greedy_accuracy(m, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+        m.train(was)
+        return acc
+
+    class BudgetEval(TrainerCallback):
+        """Evaluation every `eval_every` steps with the clock paused; stop before the budget is overrun."""
+
+        def __init__(self):
+            self.evals, self.eval_s, self.t0, self.last = [], 0.0, 0.0, 0.0
+
+        def clock(self) -> float:
+            return time.perf_counter() - self.t0 - self.eval_s
+
+        def record(self, step, model):
+            t = time.perf_counter()
+            self.evals.append((step, evaluate(model), self.clock()))
+            self.eval_s += time.perf_counter() - t
+            print(f"[trl seed {seed}] step {step}: test accuracy {self.evals[-1][1]:.3f} "
+                  f"({self.evals[-1][2]:.1f} s)", flush=True)
+
+        def on_train_begin(self, args_, state, control, model=None, **kw):
+            self.t0 = time.perf_counter()
+            self.record(0, model)
+            self.last = self.clock()
+
+        def on_step_end(self, args_, state, control, model=None, **kw):
+            now = self.clock()
+            step_s, self.last = now - self.last, now
+            stop = now + step_s > args.budget_s
+            if stop or state.global_step % args.eval_every == 0:
+                self.record(state.global_step, model)
+                self.last = self.clock()
+            control.should_training_stop = stop
+
+    B, K = cfg.trainer.prompts_per_step, cfg.trainer.samples_per_prompt
+    gconf = GRPOConfig(
+        output_dir=str(args.out / f"trl-seed{seed}"), use_cpu=True, report_to="none", save_strategy="no",
+        seed=seed, per_device_train_batch_size=B * K, gradient_accumulation_steps=1, num_generations=K,
+        max_completion_length=cfg.search.max_new_tokens, temperature=cfg.search.temperature, top_k=0,
+        top_p=cfg.search.top_p, learning_rate=cfg.trainer.lr, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=0.0, beta=0.0, bf16=False, gradient_checkpointing=False,
+        logging_steps=1, max_steps=10**6, disable_tqdm=True)
+    cb = BudgetEval()
+    trainer = GRPOTrainer(model=model, reward_funcs=arith_reward, args=gconf, processing_class=tokenizer,
+                          train_dataset=Dataset.from_list([{"prompt": p.text} for p in task.train]), callbacks=[cb])
+    trainer.remove_callback(PrinterCallback)
+    p = task.train[0].text
+    ids_trl, ids_tba = trainer.processing_class(text=[p])["input_ids"][0], tokenizer(p)["input_ids"]
+    print(f"prompt {p!r}: TRL ids {ids_trl} | tba ids {ids_tba} | identical: {ids_trl == ids_tba}", flush=True)
+    assert ids_trl == ids_tba, "TRL and tba tokenize the prompt differently"
+    trainer.train()
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    tail = rewards[-max(1, len(rewards) // 10):]
+    return {"evals": cb.evals, "steps": trainer.state.global_step, "train_s": cb.clock(),
+            "reward_end": sum(tail) / len(tail) if tail else float("nan")}
+
+
+def summarise(system: str, seed: int, res: dict, args) -> dict:
+    inside = in_budget(res["evals"], args.budget_s)
+    row = {"system": system, "seed": seed, "acc_start": res["evals"][0][1],
+           "time_to_target_s": time_to(res["evals"], args.target, args.budget_s),
+           "acc_at_budget": inside[-1][1], "acc_at_budget_step": inside[-1][0], "steps": res["steps"],
+           "train_s": res["train_s"], "s_per_step": res["train_s"] / max(res["steps"], 1),
+           "reward_end": res["reward_end"], "evals": res["evals"]}
+    print(json.dumps({k: v for k, v in row.items() if k != "evals"}), flush=True)
+    return row
+
+
+def ratio(trl: dict, tba: dict, budget: float) -> str:
+    a, b = trl["time_to_target_s"], tba["time_to_target_s"]
+    if a is not None and b is not None:
+        return f"{a / max(b, 1e-9):.2f}×"
+    if b is not None:
+        return f"≥ {budget / max(b, 1e-9):.2f}× (TRL never reached it)"
+    return "— (tba did not reach it)" if a is not None else "— (neither reached it)"
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def report(rows: list[dict], args) -> str:
+    out = [f"| system | seed | acc start | time to {args.target:.0%} (s) | acc at {args.budget_s:.0f} s (step) | "
+           "steps | train s | s/step | train reward (last 10 %) |", "|---" * 9 + "|"]
+    for r in rows:
+        out.append(f"| {r['system']} | {r['seed']} | {r['acc_start']:.1%} | {fmt(r['time_to_target_s'], '.1f')} | "
+                   f"{r['acc_at_budget']:.1%} ({r['acc_at_budget_step']}) | {r['steps']} | {r['train_s']:.1f} | "
+                   f"{r['s_per_step']:.2f} | {r['reward_end']:.2f} |")
+    out.append("")
+    by = {(r["system"], r["seed"]): r for r in rows}
+    for seed in args.seeds:
+        out.append(f"- seed {seed}: TRL time-to-{args.target:.0%} / tba time-to-{args.target:.0%} = "
+                   f"{ratio(by[('trl-grpo', seed)], by[('tba', seed)], args.budget_s)}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--target", type=float, default=0.6)
+    ap.add_argument("--budget-s", type=float, default=60.0)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--tba-steps", type=int, default=None, help="tba trainer.steps (default: the recipe's)")
+    ap.add_argument("--smoke", action="store_true", help="tiny task, 20-step SFT, 10 tba steps: seconds")
+    ap.add_argument("--out", type=Path, default=ROOT / "_out" / "vs_trl")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="default bench/results/vs_trl.md (--smoke: bench/_out/vs_trl/smoke.md)")
+    ap.add_argument("overrides", nargs="*", help="tba config overrides key=value (also shape TRL's settings)")
+    args = ap.parse_args(argv)
+    args.results = args.results or (args.out / "smoke.md" if args.smoke else ROOT / "results" / "vs_trl.md")
+    overrides = (SMOKE if args.smoke else []) + args.overrides
+    if args.tba_steps:
+        overrides.append(f"trainer.steps={args.tba_steps}")
+    rows = []
+    for seed in args.seeds:
+        cfg = load_config(None, [f"seed={seed}", f"output_dir={args.out / f'tba-seed{seed}'}",
+                                 "logging.progress=false", f"eval.every_steps={args.eval_every}", *overrides])
+        task = build_task(cfg)
+        sft_dir = warm_start(cfg, task, log=lambda m, s=seed: print(f"[sft seed {s}] {m}", flush=True))
+        rows.append(summarise("tba", seed, run_tba(cfg, args, seed), args))
+        rows.append(summarise("trl-grpo", seed, run_trl(cfg, task, sft_dir, args, seed), args))
+    md = report(rows, args)
+    print(md)
+    import trl
+
+    header = (f"# bench/vs_trl.py\n\n- date: {datetime.date.today()}\n- machine: {platform.machine()}, "
+              f"{os.cpu_count()} cores, torch {torch.__version__}, trl {trl.__version__}, no GPU\n"
+              f"- command: `python bench/vs_trl.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"
+              f"- clocks: evaluation excluded; tba includes searcher start-up and prefill; only evaluations at "
+              f"or before the {args.budget_s:.0f} s budget count. The script docstring lists every known "
+              "unfairness.\n\n")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(header + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
