@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import torch
+from smoke import SMOKE_OVERRIDES
 
 from tba.config import load_config
 from tba.loop import train
@@ -97,8 +98,11 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "_out" / "async_speedup")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "async_speedup.md")
+    ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.smoke:
+        args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     variants = [v for v in args.variants if v != "async-ray" or importlib.util.find_spec("ray")]
     rows = [run(v, s, args) for s in args.seeds for v in variants]
     lines = [table(rows, args.target), ""]

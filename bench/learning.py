@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+from smoke import SMOKE_OVERRIDES
 
 from tba.build import build_models, build_task
 from tba.config import load_config
@@ -43,25 +44,28 @@ def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:
     task = build_task(cfg)
     tokenizer, policy, _, _ = build_models(cfg, task, log=lambda m: None)
     sft_info = json.loads((cache_root(cfg) / f"sft-{task.name}-{cache_key(cfg)}" / "sft.json").read_text())
-    est_steps = max(1, int(budget / (sft_info["seconds"] / sft_info["steps"])))
     ctrl_cfg = copy.deepcopy(cfg)
     ctrl_cfg.sft.log_every_steps = 10**9  # no evals inside the budget
-    ctrl = train_sft(policy, tokenizer, task, ctrl_cfg, steps=est_steps, time_budget_s=budget,
-                     log=lambda m: None)
+    # the warm start ended its cosine schedule at 10 % of the peak LR: continue there until the budget is spent
+    ctrl = train_sft(policy, tokenizer, task, ctrl_cfg, steps=10**9, time_budget_s=budget,
+                     constant_lr=0.1 * cfg.sft.lr, log=lambda m: None)
     acc_ctrl = greedy_accuracy(policy, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
-    row = {"seed": seed, "sft": summary["test_accuracy_start"], "rl": summary["test_accuracy_end"],
-           "ctrl": acc_ctrl, "rl_train_s": budget, "ctrl_s": ctrl["seconds"], "ctrl_steps": ctrl["steps"],
+    plateau = [h["test_accuracy"] for h in sft_info["history"][-4:]]  # the warm start's last SFT evaluations
+    row = {"seed": seed, "sft_last_evals": plateau, "sft": summary["test_accuracy_start"],
+           "rl": summary["test_accuracy_end"], "ctrl": acc_ctrl, "rl_train_s": budget, "ctrl_s": ctrl["seconds"],
+           "ctrl_steps": ctrl["steps"],
            "rl_steps": summary["trainer_steps"], "total_s": summary["wall_clock_s"], "n_test": summary["test_problems"]}
     print(f"[seed {seed}] {row}", flush=True)
     return row
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| seed | SFT start | after TBA RL | continued SFT (same wall-clock) | RL gain | RL − control | "
-             "RL train s (steps) | control s (steps) | `tba train` total s |",
+    lines = ["| seed | SFT start (its last SFT evals) | after TBA RL | continued SFT (same wall-clock) | RL gain | "
+             "RL − control | RL train s (steps) | control s (steps) | `tba train` total s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['seed']} | {r['sft']:.1%} | {r['rl']:.1%} | {r['ctrl']:.1%} | "
+        last = ", ".join(f"{a:.0%}" for a in r["sft_last_evals"])
+        lines.append(f"| {r['seed']} | {r['sft']:.1%} ({last}) | {r['rl']:.1%} | {r['ctrl']:.1%} | "
                      f"{(r['rl'] - r['sft']) * 100:+.1f} | {(r['rl'] - r['ctrl']) * 100:+.1f} | "
                      f"{r['rl_train_s']:.0f} ({r['rl_steps']}) | {r['ctrl_s']:.0f} ({r['ctrl_steps']}) | "
                      f"{r['total_s']:.0f} |")
@@ -83,8 +87,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=ROOT / "_out" / "learning")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "learning.md")
+    ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.smoke:
+        args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     rows = [run_seed(s, args.overrides, args.out) for s in args.seeds]
     md = table(rows)
     print(md)
@@ -92,7 +99,8 @@ def main() -> None:
               f"{os.cpu_count()} cores, torch {torch.__version__}, no GPU\n"
               f"- command: `python bench/learning.py {' '.join(sys.argv[1:])}`\n"
               f"- held-out: greedy pass@1 on {rows[0]['n_test']} problems; warm start cached per seed; "
-              f"control = SFT continued from the same warm start for the RL run's training wall-clock "
+              "control = SFT continued from the same warm start, at the LR its schedule ended with (10 % of "
+              "peak), for the RL run's training wall-clock "
               f"(evaluation time excluded from both)\n\n")
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(header + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")

@@ -23,6 +23,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from smoke import SMOKE_OVERRIDES
+
 ROOT = Path(__file__).resolve().parent
 OBJECTIVES = ["tb", "tba_prime", "dr_grpo", "rloo", "online_dpo"]
 
@@ -104,8 +106,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "_out" / "offpolicy")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "offpolicy.md")
+    ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.steps=100")
     args = ap.parse_args()
+    if args.smoke:
+        args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     jobs = [{"objective": o, "k": k, "m": m, "seed": s, "overrides": args.overrides,
              "out": str(args.out / f"{o}-k{k}-m{m}-s{s}")}
             for s in args.seeds for m in args.ms for k in args.ks for o in args.objectives]

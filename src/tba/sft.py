@@ -55,8 +55,11 @@ def _batch(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch
 
 
 def train_sft(model, tokenizer, task, cfg: RunConfig, *, steps: int | None = None, log=print,
-              time_budget_s: float | None = None) -> dict:
-    """Run SFT in place on `model`. Returns a small history (step, loss, accuracy) for reporting."""
+              time_budget_s: float | None = None, constant_lr: float | None = None) -> dict:
+    """Run SFT in place on `model`. Returns a small history (step, loss, accuracy) for reporting.
+
+    `constant_lr` replaces the warmup+cosine schedule (used to *continue* a finished SFT run at its final LR).
+    """
     sft = cfg.sft
     steps = steps if steps is not None else sft.steps
     rng = random.Random(cfg.seed)
@@ -70,7 +73,7 @@ def train_sft(model, tokenizer, task, cfg: RunConfig, *, steps: int | None = Non
         progress = (step - sft.warmup_steps) / max(steps - sft.warmup_steps, 1)
         decay = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
         for g in opt.param_groups:
-            g["lr"] = sft.lr * warm * decay
+            g["lr"] = constant_lr if constant_lr is not None else sft.lr * warm * decay
         idx = [rng.randrange(len(prompts)) for _ in range(sft.batch_size)]
         ids, labels = _batch(tokenizer, [prompts[i].text for i in idx], [demos[i] for i in idx])
         logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits
