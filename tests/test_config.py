@@ -43,3 +43,12 @@ def test_yaml_recipe_unknown_section_is_an_error(tmp_path):
 def test_missing_config_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_ray_runtime_without_ray_is_a_config_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError, match="pip install 'tba\\[ray\\]'"):
+        load_config(None, ["runtime=ray"])

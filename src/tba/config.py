@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import types
 import typing
 from dataclasses import dataclass, field
@@ -334,6 +335,9 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError("trainer.samples_per_prompt: K cannot exceed buffer.capacity_per_prompt")
     if t.lr_schedule == "wsd" and t.warmup_steps + (t.stable_steps or 0) > t.steps:
         raise ConfigError("trainer.stable_steps: warmup + stable must not exceed trainer.steps")
+    if cfg.runtime == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("runtime: 'ray' needs Ray, which is not installed: pip install 'tba[ray]' "
+                          "(or use runtime=local on one machine)")
     if cfg.runtime == "inline" and cfg.mode == "async":
         raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
                           "runtime=local for asynchrony")

@@ -49,8 +49,9 @@ def test_searchers_run_on_the_second_node_of_a_two_node_cluster(tmp_path):
         assert run.returncode == 0, run.stderr[-3000:]
         placed = {s["node_id"] for s in json.loads((out / "summary.json").read_text())["searchers"]}
 
-        nodes = sh(sys.executable, "-c", "import json, ray; ray.init(address='127.0.0.1:%d', logging_level='ERROR');"
-                   "print(json.dumps([[n['NodeID'], n['Resources']] for n in ray.nodes() if n['Alive']]))" % port)
+        probe = (f"import json, ray; ray.init(address='127.0.0.1:{port}', logging_level='ERROR');"
+                 "print(json.dumps([[n['NodeID'], n['Resources']] for n in ray.nodes() if n['Alive']]))")
+        nodes = sh(sys.executable, "-c", probe)
         assert nodes.returncode == 0, nodes.stderr
         table = json.loads(nodes.stdout.strip().splitlines()[-1])
         tagged = {nid for nid, res in table if "searcher" in res}
