@@ -15,8 +15,8 @@ Prompt text is the bare `a+b=`; both tokenize it with the same tokenizer call, w
 
 key=value overrides go to the tba config and, through it, to TRL (B, K, lr, T, lengths, task, SFT);
 model.policy=<dir> (a save_pretrained directory) replaces the SFT warm start for both systems.
-Dependency: TRL is a benchmark-only dependency, not in pyproject:
-`pip install -c /work/main/.venv/constraints.txt trl` (keeps torch pinned; written against trl 1.16).
+Dependency: TRL is a benchmark-only dependency (the `bench` extra: `pip install -c constraints.txt -e '.[bench]'`
+with torch pinned in constraints.txt; written against trl 1.16).
 
 Clocks. tba: its own training clock (searcher start-up and buffer prefill included, evaluation excluded);
 it runs trainer.steps steps (default recipe: 200, or --tba-steps), not a budget — if it finishes before the

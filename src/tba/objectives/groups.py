@@ -27,3 +27,14 @@ def group_mean(x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     sums = torch.zeros(num_groups, dtype=x.dtype, device=x.device).index_add(0, inverse, x)  # Σ_{j∈g} x_j
     counts = torch.bincount(inverse, minlength=num_groups).to(x.dtype)  # K_g
     return (sums / counts)[inverse]
+
+
+def check_token_inputs(logp, behaviour_logp, ref_logp, mask, reward, group, max_tokens: int) -> None:
+    """Shape checks shared by the per-token objectives: [N, R] token tensors, [N] reward and group."""
+    if logp.dim() != 2 or not (logp.shape == behaviour_logp.shape == ref_logp.shape == mask.shape):
+        raise ValueError(f"expected equal [N, R] token tensors, got {logp.shape}, {behaviour_logp.shape}, "
+                         f"{ref_logp.shape}, {mask.shape}")
+    if reward.shape != (logp.shape[0],) or group.shape != (logp.shape[0],):
+        raise ValueError(f"expected reward and group of shape [{logp.shape[0]}], got {reward.shape}, {group.shape}")
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")

@@ -22,20 +22,14 @@ from __future__ import annotations
 
 import torch
 
-from tba.objectives.groups import group_mean
+from tba.objectives.groups import check_token_inputs, group_mean
 
 
 def tba_prime_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
                    reward: torch.Tensor, group: torch.Tensor, beta: float, *, clip_ratio: float = 8.0,
                    max_tokens: int) -> torch.Tensor:
     """Scalar loss. logp, behaviour_logp, ref_logp, mask: [N, R] per token; reward, group: [N]."""
-    if logp.dim() != 2 or not (logp.shape == behaviour_logp.shape == ref_logp.shape == mask.shape):
-        raise ValueError(f"expected equal [N, R] token tensors, got {logp.shape}, {behaviour_logp.shape}, "
-                         f"{ref_logp.shape}, {mask.shape}")
-    if reward.shape != (logp.shape[0],) or group.shape != (logp.shape[0],):
-        raise ValueError(f"expected reward and group of shape [{logp.shape[0]}], got {reward.shape}, {group.shape}")
-    if max_tokens <= 0:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    check_token_inputs(logp, behaviour_logp, ref_logp, mask, reward, group, max_tokens)
     valid = mask > 0  # real response tokens
     reward = reward.to(logp.dtype)
     kl = torch.where(valid, logp - ref_logp.to(logp.dtype), 0.0).sum(dim=1).detach()  # KL̂_i
