@@ -1,7 +1,7 @@
 """Shortened smoke versions of the benchmarks (CI): each runs end to end and writes its results table.
 No timing or accuracy is asserted here — numbers live in bench/results/, measured by the full runs."""
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -13,9 +13,8 @@ sys.path.insert(0, str(BENCH))
 
 
 def run_bench(name: str, argv: list[str], monkeypatch) -> None:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # imported by its plain name from bench/ (on sys.path), so spawned pool workers can import it too
+    module = importlib.import_module(name)
     monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
     module.main()
 
@@ -41,7 +40,7 @@ def test_async_speedup_bench_smoke(tmp_path, monkeypatch):
                                 "--out", str(tmp_path / "out"), "--results", str(results)], monkeypatch)
     variants = {r["variant"] for r in rows_of(results)}
     assert {"async-local", "sync-inline", "sync-local"} <= variants
-    assert "wall-clock to 0%" in results.read_text()
+    assert "wall-clock for the same 200 steps" in results.read_text()
 
 
 @pytest.mark.slow
