@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from toys import token_logp, token_toy
 
 from tba.objectives.dr_grpo import dr_grpo_loss
 from tba.objectives.groups import group_mean
@@ -62,31 +63,15 @@ def test_divides_by_max_tokens_not_length():
     assert loss.item() == pytest.approx(0.05)
 
 
-def _toy(seed=0, groups=3, k=4, length=6, dim=5):
-    g = torch.Generator().manual_seed(seed)
-    n = groups * k
-    feats = torch.randn(n, length, dim, generator=g)
-    theta = torch.randn(dim, generator=g, requires_grad=True)
-    behaviour = -torch.rand(n, length, generator=g) * 2
-    ref = -torch.rand(n, length, generator=g) * 2
-    lengths = torch.randint(1, length + 1, (n,), generator=g)
-    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
-    reward = torch.randint(0, 2, (n,), generator=g).float()
-    group = torch.arange(groups).repeat_interleave(k)
-    return feats, theta, behaviour, ref, mask, reward, group
-
-
-def _logp(feats, theta):
-    return -torch.nn.functional.softplus(feats @ theta)  # differentiable stand-in for per-token log π_θ
 
 
 def test_invariant_to_sequence_order_and_group_labels():
-    feats, theta, behaviour, ref, mask, reward, group = _toy(seed=1)
+    feats, theta, behaviour, ref, mask, reward, group = token_toy(seed=1)
     perm = torch.randperm(len(group), generator=torch.Generator().manual_seed(3))
     relabel = torch.tensor([10, 4, 99])[group]  # arbitrary, non-contiguous ids
     kw = dict(kl_coef=0.05, max_tokens=8)
-    loss_a = dr_grpo_loss(_logp(feats, theta), behaviour, ref, mask, reward, group, **kw)
-    loss_b = dr_grpo_loss(_logp(feats[perm], theta), behaviour[perm], ref[perm], mask[perm], reward[perm],
+    loss_a = dr_grpo_loss(token_logp(feats, theta), behaviour, ref, mask, reward, group, **kw)
+    loss_b = dr_grpo_loss(token_logp(feats[perm], theta), behaviour[perm], ref[perm], mask[perm], reward[perm],
                           relabel[perm], **kw)
     (ga,) = torch.autograd.grad(loss_a, theta)
     (gb,) = torch.autograd.grad(loss_b, theta)
@@ -95,12 +80,12 @@ def test_invariant_to_sequence_order_and_group_labels():
 
 
 def test_invariant_to_extra_padding_with_garbage():
-    feats, theta, behaviour, ref, mask, reward, group = _toy(seed=2)
+    feats, theta, behaviour, ref, mask, reward, group = token_toy(seed=2)
     n = len(group)
     garbage = torch.tensor([NAN, INF, -INF, 1e4]).expand(n, 4)
     kw = dict(kl_coef=0.05, max_tokens=8)
-    loss_a = dr_grpo_loss(_logp(feats, theta), behaviour, ref, mask, reward, group, **kw)
-    loss_b = dr_grpo_loss(torch.cat([_logp(feats, theta), garbage], 1), torch.cat([behaviour, -garbage], 1),
+    loss_a = dr_grpo_loss(token_logp(feats, theta), behaviour, ref, mask, reward, group, **kw)
+    loss_b = dr_grpo_loss(torch.cat([token_logp(feats, theta), garbage], 1), torch.cat([behaviour, -garbage], 1),
                           torch.cat([ref, garbage.flip(1)], 1), torch.cat([mask, torch.zeros(n, 4)], 1),
                           reward, group, **kw)
     (ga,) = torch.autograd.grad(loss_a, theta)
@@ -111,8 +96,8 @@ def test_invariant_to_extra_padding_with_garbage():
 
 def test_on_policy_gradient_is_mean_baseline_reinforce():
     # ρ = 1 → clip inactive → ∇L = −(1/(N·T_max)) Σ_i A_i Σ_t m ∇log π_θ(y_it), A_i = r_i − r̄_g (no std)
-    feats, theta, _, ref, mask, reward, group = _toy(seed=4)
-    logp = _logp(feats, theta)
+    feats, theta, _, ref, mask, reward, group = token_toy(seed=4)
+    logp = token_logp(feats, theta)
     (grad,) = torch.autograd.grad(dr_grpo_loss(logp, logp.detach(), ref, mask, reward, group, max_tokens=8), theta,
                                   retain_graph=True)
     adv = reward - group_mean(reward, group)

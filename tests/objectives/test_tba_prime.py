@@ -1,5 +1,6 @@
 import pytest
 import torch
+from toys import token_logp, token_toy
 
 from tba.objectives.dr_grpo import dr_grpo_loss
 from tba.objectives.groups import group_mean
@@ -30,22 +31,6 @@ def test_hand_computed_example():
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.25, -0.125, 0.0], [0.0625, 0.0, 0.0]]))
 
 
-def _toy(seed=0, groups=3, k=4, length=6, dim=5):
-    g = torch.Generator().manual_seed(seed)
-    n = groups * k
-    feats = torch.randn(n, length, dim, generator=g)
-    theta = torch.randn(dim, generator=g, requires_grad=True)
-    behaviour = -torch.rand(n, length, generator=g) * 2
-    ref = -torch.rand(n, length, generator=g) * 2
-    lengths = torch.randint(1, length + 1, (n,), generator=g)
-    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
-    reward = torch.randint(0, 2, (n,), generator=g).float()
-    group = torch.arange(groups).repeat_interleave(k)
-    return feats, theta, behaviour, ref, mask, reward, group
-
-
-def _logp(feats, theta):
-    return -torch.nn.functional.softplus(feats @ theta)  # differentiable stand-in for per-token log π_θ
 
 
 def _grad(loss, theta):
@@ -55,10 +40,10 @@ def _grad(loss, theta):
 def test_on_policy_beta0_gradient_equals_dr_grpo():
     # behaviour = logp → w = 1 and ρ = 1 (clip inactive); β = 0 → A = r − r̄ in both:
     # ∇L = −(1/(N·T_max)) Σ_i A_i Σ_t m ∇log π_θ for both objectives
-    feats, theta, _, ref, mask, reward, group = _toy(seed=1)
-    on = _logp(feats, theta).detach()
-    g_prime = _grad(tba_prime_loss(_logp(feats, theta), on, ref, mask, reward, group, 0.0, max_tokens=8), theta)
-    g_dr = _grad(dr_grpo_loss(_logp(feats, theta), on, ref, mask, reward, group, max_tokens=8), theta)
+    feats, theta, _, ref, mask, reward, group = token_toy(seed=1)
+    on = token_logp(feats, theta).detach()
+    g_prime = _grad(tba_prime_loss(token_logp(feats, theta), on, ref, mask, reward, group, 0.0, max_tokens=8), theta)
+    g_dr = _grad(dr_grpo_loss(token_logp(feats, theta), on, ref, mask, reward, group, max_tokens=8), theta)
     torch.testing.assert_close(g_prime, g_dr)
 
 
@@ -67,22 +52,24 @@ def test_on_policy_gradient_equals_dr_grpo_on_kl_shaped_reward_and_scaled_tb():
     # And §2.3: ∇L_TB = (2/(Nβ)) Σ_i −A_i ∇log π_i, while ∇L_TBA′ = −(1/(N·T_max)) Σ_i A_i ∇log π_i
     #   → ∇L_TBA′ = β/(2·T_max) · ∇L_TB
     beta, t_max = 0.05, 8
-    feats, theta, _, ref, mask, reward, group = _toy(seed=2)
-    on = _logp(feats, theta).detach()
-    g_prime = _grad(tba_prime_loss(_logp(feats, theta), on, ref, mask, reward, group, beta, max_tokens=t_max), theta)
+    feats, theta, _, ref, mask, reward, group = token_toy(seed=2)
+    on = token_logp(feats, theta).detach()
+    logp = token_logp(feats, theta)
+    g_prime = _grad(tba_prime_loss(logp, on, ref, mask, reward, group, beta, max_tokens=t_max), theta)
     kl = ((on - ref) * mask).sum(1)
-    g_dr = _grad(dr_grpo_loss(_logp(feats, theta), on, ref, mask, reward - beta * kl, group, max_tokens=t_max), theta)
+    logp = token_logp(feats, theta)
+    g_dr = _grad(dr_grpo_loss(logp, on, ref, mask, reward - beta * kl, group, max_tokens=t_max), theta)
     torch.testing.assert_close(g_prime, g_dr)
-    seq_logp, seq_ref = (_logp(feats, theta) * mask).sum(1), (ref * mask).sum(1)
+    seq_logp, seq_ref = (token_logp(feats, theta) * mask).sum(1), (ref * mask).sum(1)
     g_tb = _grad(vargrad_tb_loss(seq_logp, seq_ref, reward, group, beta), theta)
     torch.testing.assert_close(g_prime, beta / (2 * t_max) * g_tb, rtol=1e-4, atol=1e-6)
 
 
 def test_off_policy_gradient_is_clamped_detached_weight_reinforce():
-    feats, theta, behaviour, ref, mask, reward, group = _toy(seed=3)
+    feats, theta, behaviour, ref, mask, reward, group = token_toy(seed=3)
     beta, clip = 0.1, 1.5
-    logp = _logp(feats, theta)
-    grad = _grad(tba_prime_loss(_logp(feats, theta), behaviour, ref, mask, reward, group, beta, clip_ratio=clip,
+    logp = token_logp(feats, theta)
+    grad = _grad(tba_prime_loss(token_logp(feats, theta), behaviour, ref, mask, reward, group, beta, clip_ratio=clip,
                                 max_tokens=8), theta)
     kl = ((logp - ref) * mask).sum(1).detach()
     adv = (reward - group_mean(reward, group)) - beta * (kl - group_mean(kl, group))
@@ -93,22 +80,22 @@ def test_off_policy_gradient_is_clamped_detached_weight_reinforce():
 
 
 def test_invariant_to_sequence_order_and_group_labels():
-    feats, theta, behaviour, ref, mask, reward, group = _toy(seed=4)
+    feats, theta, behaviour, ref, mask, reward, group = token_toy(seed=4)
     perm = torch.randperm(len(group), generator=torch.Generator().manual_seed(3))
     relabel = torch.tensor([10, 4, 99])[group]  # arbitrary, non-contiguous ids
-    loss_a = tba_prime_loss(_logp(feats, theta), behaviour, ref, mask, reward, group, 0.1, max_tokens=8)
-    loss_b = tba_prime_loss(_logp(feats[perm], theta), behaviour[perm], ref[perm], mask[perm], reward[perm],
+    loss_a = tba_prime_loss(token_logp(feats, theta), behaviour, ref, mask, reward, group, 0.1, max_tokens=8)
+    loss_b = tba_prime_loss(token_logp(feats[perm], theta), behaviour[perm], ref[perm], mask[perm], reward[perm],
                             relabel[perm], 0.1, max_tokens=8)
     torch.testing.assert_close(loss_a, loss_b)
     torch.testing.assert_close(_grad(loss_a, theta), _grad(loss_b, theta))
 
 
 def test_invariant_to_extra_padding_with_garbage():
-    feats, theta, behaviour, ref, mask, reward, group = _toy(seed=5)
+    feats, theta, behaviour, ref, mask, reward, group = token_toy(seed=5)
     n = len(group)
     garbage = torch.tensor([NAN, INF, -INF, 1e4]).expand(n, 4)
-    loss_a = tba_prime_loss(_logp(feats, theta), behaviour, ref, mask, reward, group, 0.1, max_tokens=8)
-    loss_b = tba_prime_loss(torch.cat([_logp(feats, theta), garbage], 1), torch.cat([behaviour, -garbage], 1),
+    loss_a = tba_prime_loss(token_logp(feats, theta), behaviour, ref, mask, reward, group, 0.1, max_tokens=8)
+    loss_b = tba_prime_loss(torch.cat([token_logp(feats, theta), garbage], 1), torch.cat([behaviour, -garbage], 1),
                             torch.cat([ref, garbage.flip(1)], 1), torch.cat([mask, torch.zeros(n, 4)], 1),
                             reward, group, 0.1, max_tokens=8)
     torch.testing.assert_close(loss_a, loss_b)
