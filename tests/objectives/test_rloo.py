@@ -1,5 +1,6 @@
 import pytest
 import torch
+from toys import assert_order_and_label_invariant, sequence_toy
 
 from tba.objectives.groups import group_mean
 from tba.objectives.rloo import rloo_loss
@@ -29,19 +30,10 @@ def test_pair_group_advantage_is_the_difference():
     assert loss.item() == pytest.approx(-0.375)
 
 
-def _toy(seed=0, groups=3, k=4, dim=5):
-    g = torch.Generator().manual_seed(seed)
-    n = groups * k
-    feats = torch.randn(n, dim, generator=g)
-    theta = torch.randn(dim, generator=g, requires_grad=True)
-    ref = torch.randn(n, generator=g)
-    reward = torch.randint(0, 2, (n,), generator=g).float()
-    group = torch.arange(groups).repeat_interleave(k)
-    return feats, theta, ref, reward, group
 
 
 def test_matches_explicit_leave_one_out_loop_and_scaled_mean_baseline():
-    feats, theta, ref, reward, group = _toy(seed=5)
+    feats, theta, ref, reward, group = sequence_toy(seed=5)
     beta = 0.1
     logp = feats @ theta
     (grad,) = torch.autograd.grad(rloo_loss(logp, ref, reward, group, beta), theta, retain_graph=True)
@@ -57,16 +49,9 @@ def test_matches_explicit_leave_one_out_loop_and_scaled_mean_baseline():
 
 
 def test_invariant_to_sequence_order_and_group_labels():
-    feats, theta, ref, reward, group = _toy(seed=1)
+    feats, theta, ref, reward, group = sequence_toy(seed=1)
     group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 3])  # uneven sizes incl. a singleton
-    perm = torch.randperm(len(group), generator=torch.Generator().manual_seed(3))
-    relabel = torch.tensor([10, 4, 99, -7])[group]  # arbitrary, non-contiguous ids
-    loss_a = rloo_loss(feats @ theta, ref, reward, group, 0.1)
-    loss_b = rloo_loss((feats @ theta)[perm], ref[perm], reward[perm], relabel[perm], 0.1)
-    (ga,) = torch.autograd.grad(loss_a, theta)
-    (gb,) = torch.autograd.grad(loss_b, theta)
-    torch.testing.assert_close(loss_a, loss_b)
-    torch.testing.assert_close(ga, gb)
+    assert_order_and_label_invariant(rloo_loss, feats, theta, ref, reward, group, [10, 4, 99, -7], 0.1)
 
 
 def test_rejects_non_1d_inputs():

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from toys import assert_order_and_label_invariant, sequence_toy
 
 from tba.objectives.tb import beta_at, vargrad_log_z, vargrad_tb_loss
 
@@ -18,21 +19,12 @@ def test_hand_computed_example():
     assert vargrad_log_z(logp, ref, reward, group, 0.5).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0])
 
 
-def _toy(seed=0, groups=3, k=4, dim=5):
-    g = torch.Generator().manual_seed(seed)
-    n = groups * k
-    feats = torch.randn(n, dim, generator=g)
-    theta = torch.randn(dim, generator=g, requires_grad=True)
-    ref = torch.randn(n, generator=g)
-    reward = torch.randint(0, 2, (n,), generator=g).float()
-    group = torch.arange(groups).repeat_interleave(k)
-    return feats, theta, ref, reward, group
 
 
 def test_on_policy_gradient_is_mean_baseline_reinforce_on_kl_shaped_reward():
     # §2.3: ∇L = (2/N) Σ δ ∇log π, with δ = -(1/β)·A, A = (r - r̄) - β(KL̂ - KL̄), KL̂ = log π_θ - log π_ref
     beta = 0.05
-    feats, theta, ref, reward, group = _toy()
+    feats, theta, ref, reward, group = sequence_toy()
     logp = feats @ theta  # a differentiable stand-in for log π_θ(y|x)
     (grad_tb,) = torch.autograd.grad(vargrad_tb_loss(logp, ref, reward, group, beta), theta, retain_graph=True)
 
@@ -47,15 +39,8 @@ def test_on_policy_gradient_is_mean_baseline_reinforce_on_kl_shaped_reward():
 
 
 def test_invariant_to_sequence_order_and_group_labels():
-    feats, theta, ref, reward, group = _toy(seed=1)
-    perm = torch.randperm(len(group), generator=torch.Generator().manual_seed(3))
-    relabel = torch.tensor([10, 4, 99])[group]  # arbitrary, non-contiguous ids
-    loss_a = vargrad_tb_loss(feats @ theta, ref, reward, group, 0.1)
-    loss_b = vargrad_tb_loss((feats @ theta)[perm], ref[perm], reward[perm], relabel[perm], 0.1)
-    (ga,) = torch.autograd.grad(loss_a, theta)
-    (gb,) = torch.autograd.grad(loss_b, theta)
-    torch.testing.assert_close(loss_a, loss_b)
-    torch.testing.assert_close(ga, gb)
+    feats, theta, ref, reward, group = sequence_toy(seed=1)
+    assert_order_and_label_invariant(vargrad_tb_loss, feats, theta, ref, reward, group, [10, 4, 99], 0.1)
 
 
 def test_groups_are_by_id_not_by_position():
