@@ -17,7 +17,7 @@ import torch
 from tba.buffer import Draw
 from tba.config import BaselineConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
-from tba.objectives import objective_loss
+from tba.objectives import USES_BEHAVIOUR_LOGPROBS, objective_loss
 from tba.objectives.tb import beta_at
 
 
@@ -90,8 +90,10 @@ class Trainer:
                     ref_tok, _ = response_logprobs(self.reference, prompts, responses, self.temperature, self.pad_id)
             else:
                 ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width)  # [N, R]
-            behaviour_tok = _padded([s.behaviour_logprobs or [0.0] * len(s.response)
-                                     for d in micro for s in d.samples], width)  # [N, R]
+            behaviour_tok = None  # only the ratio-based baselines read the searcher's behaviour log-probs
+            if self.objective in USES_BEHAVIOUR_LOGPROBS:
+                behaviour_tok = _padded([s.behaviour_logprobs or [0.0] * len(s.response)
+                                         for d in micro for s in d.samples], width)  # [N, R]
             reward = torch.tensor([s.reward for d in micro for s in d.samples])  # [N]
             group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples])  # [N]
             loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,
