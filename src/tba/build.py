@@ -41,6 +41,44 @@ def apply_chat_template(task, tokenizer) -> None:
     task.test = [wrap(p) for p in task.test]
 
 
+def fit_prompts(task, tokenizer, limit: int, mode: str) -> dict[str, int]:
+    """Enforce the prompt-length limit on train and test prompts: drop (skip) or keep the last `limit`
+    tokens (truncate — the end holds the question and the answer cue). Returns the counts, for the summary."""
+    counts = {"prompts_too_long": 0, "prompts_truncated": 0}
+
+    def n_tokens(text: str) -> int:
+        return len(tokenizer(text)["input_ids"])
+
+    def fit(p):
+        ids = tokenizer(p.text)["input_ids"]
+        if len(ids) <= limit:
+            return p
+        counts["prompts_too_long"] += 1
+        if mode == "skip":
+            return None
+        cut = len(ids) - limit
+        text = tokenizer.decode(ids[cut:], skip_special_tokens=True)
+        while n_tokens(text) > limit and cut < len(ids):  # re-encoding may add special tokens
+            cut += 1
+            text = tokenizer.decode(ids[cut:], skip_special_tokens=True)
+        counts["prompts_truncated"] += 1
+        return dataclasses.replace(p, text=text)
+
+    task.train = [q for q in (fit(p) for p in task.train) if q is not None]
+    task.test = [q for q in (fit(p) for p in task.test) if q is not None]
+    if not task.train:
+        raise ValueError(f"every train prompt is longer than task.max_prompt_tokens={limit} tokens")
+    return counts
+
+
+def prompt_limit(cfg: RunConfig, policy) -> int:
+    """task.max_prompt_tokens, or the model's context length minus the generation budget."""
+    if cfg.task.max_prompt_tokens is not None:
+        return cfg.task.max_prompt_tokens
+    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
+    return max(1, context - max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens))
+
+
 def build_models(cfg: RunConfig, task, log=print):
     """(tokenizer, policy, reference, source). The reference is frozen; by default it is the policy's start.
 

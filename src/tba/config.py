@@ -44,6 +44,10 @@ class TaskConfig:
     (None = the paper's `[MATH TASK] Problem:...`)."""
     chat_template: bool = False
     """Wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt in tokens. None = the model's context length minus search.max_new_tokens."""
+    long_prompts: str = "skip"
+    """What happens to a longer prompt: skip (dropped before training, counted) | truncate (keep its end)."""
 
 
 @dataclass
@@ -108,6 +112,8 @@ class SearchConfig:
     """ray: custom resources each searcher actor requires, e.g. {searcher: 1} to pin them to tagged nodes."""
     fail_after_batches: int | None = None
     """Fault injection for tests and drills: each searcher raises after this many batches. None = never."""
+    max_restarts: int = 3
+    """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
 
 
 @dataclass
@@ -130,6 +136,13 @@ class BufferConfig:
     """ι: offline draws use softmax(ι · reward) over a prompt's history (0 = uniform)."""
     dedup: bool = True
     """Exact-token dedup per prompt (newest copy wins)."""
+    max_samples: int | None = 100000
+    """In-memory bound: above it the least recently refreshed prompts leave memory (they stay on disk).
+    None = unbounded."""
+    persist: bool = True
+    """Write every accepted group to RUN_DIR/buffer.sqlite before training on it (needed for --resume)."""
+    source: str | None = None
+    """runtime=offline: the run directory (or buffer.sqlite) whose saved buffer is trained on."""
 
 
 @dataclass
@@ -184,6 +197,15 @@ class TrainerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every_steps: int | None = 50
+    """Full checkpoint (model, optimizer, RNG, buffer and searcher state) every N steps, and at exit.
+    None = only at exit."""
+    keep: int = 2
+    """Checkpoints kept (newest first)."""
+
+
+@dataclass
 class EvalConfig:
     every_steps: int = 50
     """Greedy pass@1 on the held-out prompts every N trainer steps (and at start and end)."""
@@ -208,7 +230,7 @@ class RunConfig:
     """tb (VarGrad Trajectory Balance) | dr_grpo | rloo | online_dpo | tba_prime (baselines, docs/objectives.md)."""
     runtime: str = "local"
     """inline: one process, search and training alternate | local: searcher processes (torch.multiprocessing)
-    | ray: searcher actors on a Ray cluster."""
+    | ray: searcher actors on a Ray cluster | offline: no searchers, train on a saved buffer (buffer.source)."""
     mode: str = "async"
     """async: searchers and trainer run concurrently, nobody waits | sync: generation and training alternate
     (with k = 1 that is on-policy). The inline runtime is always sync."""
@@ -223,6 +245,7 @@ class RunConfig:
     baselines: BaselineConfig = field(default_factory=BaselineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -231,7 +254,8 @@ CHOICES = {
     "task.name": ("arith", "gsm8k"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "objective": ("tb", "dr_grpo", "rloo", "online_dpo", "tba_prime"),
-    "runtime": ("inline", "local", "ray"),
+    "runtime": ("inline", "local", "ray", "offline"),
+    "task.long_prompts": ("skip", "truncate"),
     "mode": ("async", "sync"),
     "trainer.lr_schedule": ("constant", "linear", "wsd"),
 }
@@ -240,8 +264,9 @@ POSITIVE = {
     "trainer.sync_every_steps", "trainer.lr", "search.samples_per_prompt", "search.prompts_per_batch",
     "search.max_new_tokens", "search.temperature", "buffer.capacity_per_prompt", "eval.every_steps",
     "eval.max_new_tokens", "eval.batch_size", "tb.beta_init", "tb.beta_final", "sft.batch_size", "task.digits",
-    "search.num_searchers", "search.ready_timeout_s", "search.collect_timeout_s",
+    "search.num_searchers", "search.ready_timeout_s", "search.collect_timeout_s", "checkpoint.keep",
 }
+POSITIVE_OR_NONE = {"task.max_prompt_tokens", "buffer.max_samples", "checkpoint.every_steps"}
 PROBABILITY = {"buffer.online_prob", "task.teacher_slip_prob", "search.top_p"}
 
 DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "arith_tiny_cpu.yaml"
@@ -327,6 +352,13 @@ def _validate(cfg: RunConfig) -> None:
     for key in POSITIVE:
         if get(key) <= 0:
             raise ConfigError(f"{key}: must be > 0, got {get(key)!r}")
+    for key in POSITIVE_OR_NONE:
+        if get(key) is not None and get(key) <= 0:
+            raise ConfigError(f"{key}: must be > 0 or null, got {get(key)!r}")
+    if cfg.search.max_restarts < 0:
+        raise ConfigError(f"search.max_restarts: must be ≥ 0, got {cfg.search.max_restarts}")
+    if cfg.runtime == "offline" and not cfg.buffer.source:
+        raise ConfigError("buffer.source: runtime=offline trains on a saved buffer; give its run directory")
     for key in PROBABILITY:
         if not 0.0 <= get(key) <= 1.0:
             raise ConfigError(f"{key}: must be in [0, 1], got {get(key)!r}")

@@ -53,4 +53,11 @@ def print_summary(summary: dict) -> None:
                   f"{summary['samples_generated']}", "")
     table.add_row("wall clock (total / training)", "", f"{summary['wall_clock_s']:.0f}s / "
                   f"{summary['train_wall_clock_s']:.0f}s", "")
+    events = {"searcher restarts": summary.get("searcher_restarts"), "updates skipped (non-finite)":
+              summary.get("skipped_steps"), "samples dropped (bad reward)": summary.get("samples_dropped_bad_reward"),
+              "prompts over the length limit": summary.get("prompts_too_long"),
+              "resumed at steps": ", ".join(map(str, summary.get("resumed_at_steps") or [])) or None}
+    for name, value in events.items():
+        if value:
+            table.add_row(name, "", str(value), "")
     Console().print(table)

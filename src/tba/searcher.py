@@ -2,13 +2,19 @@
 
 It knows nothing of processes or queues; a runtime calls `step()` in a loop and `load_weights()` when a
 newer policy version is published. It owns a shard of the train prompts (round-robin, as the paper's
-searchers do) and walks a seeded permutation of it, cycling forever.
+searchers do) and walks a seeded permutation of it, cycling forever; `state_dict()` is that position, so a
+resumed or restarted searcher continues where the trainer last heard from it.
+
+A reward function is user code: if it raises or returns NaN/inf for a completion, that sample is dropped
+and counted (`rewards_dropped`, with the last error kept for the log) and the search goes on.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
+import traceback
 
 import torch
 
@@ -38,6 +44,31 @@ class Searcher:
         self.samples_generated = 0
         self.batches = 0
         self.tokens_generated = 0
+        self.rewards_dropped = 0
+        self.last_reward_error: str | None = None
+
+    def state_dict(self) -> dict:
+        return {"cursor": self._cursor, "batches": self.batches, "samples_generated": self.samples_generated,
+                "tokens_generated": self.tokens_generated, "rewards_dropped": self.rewards_dropped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._cursor = state["cursor"] % len(self._order)
+        self.batches, self.samples_generated = state["batches"], state["samples_generated"]
+        self.tokens_generated, self.rewards_dropped = state["tokens_generated"], state["rewards_dropped"]
+
+    def _reward(self, prompt: Prompt, text: str) -> float | None:
+        """The task's reward, or None (sample dropped, counted) if it raises or is not finite."""
+        try:
+            value = float(self.task.reward(prompt, text))
+        except Exception:
+            self.rewards_dropped += 1
+            self.last_reward_error = f"prompt {prompt.id}: reward raised\n{traceback.format_exc()}"
+            return None
+        if not math.isfinite(value):
+            self.rewards_dropped += 1
+            self.last_reward_error = f"prompt {prompt.id}: reward returned {value}"
+            return None
+        return value
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.policy.load_state_dict(state_dict)
@@ -80,14 +111,18 @@ class Searcher:
             samples = []
             for j in range(i * s, (i + 1) * s):
                 resp, behaviour = outputs[j]
+                reward = self._reward(prompt, texts[j])
+                if reward is None:
+                    continue
                 samples.append(Sample(
                     response=resp,
                     ref_logprobs=ref_logp[j, : len(resp)].tolist(),
-                    reward=float(self.task.reward(prompt, texts[j])),
+                    reward=reward,
                     version=self.version,
                     behaviour_logprobs=behaviour,
                 ))
-            groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples))
+            if samples:
+                groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples))
         self.samples_generated += len(responses)
         self.tokens_generated += sum(len(r) for r in responses)
         self.last_step_s = time.perf_counter() - t0

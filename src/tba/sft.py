@@ -31,7 +31,8 @@ def cache_root(cfg: RunConfig) -> Path:
 def cache_key(cfg: RunConfig) -> str:
     """Hash of every setting that changes the warm-start checkpoint."""
     d = to_dict(cfg)
-    keyed = {"task": {k: v for k, v in d["task"].items()}, "tiny": d["model"]["tiny"],
+    ignored = ("max_prompt_tokens", "long_prompts")  # applied after the warm start, at RL time
+    keyed = {"task": {k: v for k, v in d["task"].items() if k not in ignored}, "tiny": d["model"]["tiny"],
              "sft": {k: v for k, v in d["sft"].items() if k not in ("cache_dir", "log_every_steps")},
              "seed": cfg.seed, "format": 1}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]

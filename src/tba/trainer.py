@@ -65,6 +65,18 @@ class Trainer:
         t = self.tb
         return beta_at(step, t.beta_init, t.beta_final, t.beta_decay_end_step, t.beta_hard_stop_step)
 
+    def load_state(self, path, state: dict) -> None:
+        """Continue from checkpoint `path` (tba.checkpoint): optimizer moments, counters, TBA′ reference.
+        The policy weights were loaded with the model; LR and β are functions of the step."""
+        from tba.checkpoint import load
+
+        load(path, optimizer=self.optimizer)
+        self.version, self.skipped_steps = state["version"], state["skipped_steps"]
+        if self.reference is not None and (path / "reference").is_dir():
+            from tba.models import load_model
+
+            self.reference.load_state_dict(load_model(str(path / "reference")).state_dict())
+
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 

@@ -9,29 +9,44 @@ from tba.config import RunConfig
 from tba.runtime.base import ModelSources, Runtime, SearcherError, default_threads
 
 
-def make_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, source: str | None, out_dir: Path) -> Runtime:
-    """Build the configured runtime around searchers that start from the trainer's current policy."""
+def make_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, source: str | None, out_dir: Path,
+                 reference_source: str | None = None, version: int = 0, states: list[dict] | None = None,
+                 log=print) -> Runtime:
+    """Build the configured runtime around searchers that start from the trainer's current policy.
+
+    On resume, `version` is the policy version of `policy` and `states` the searchers' checkpointed states.
+    """
     _, searcher_threads = default_threads(cfg.search.num_searchers, cfg.runtime)
     threads = cfg.search.threads or searcher_threads
+    if cfg.runtime == "offline":
+        from tba.runtime.inline import OfflineRuntime
+
+        return OfflineRuntime()
     if cfg.runtime == "inline":
         from tba.runtime.inline import InlineRuntime
         from tba.searcher import Searcher
 
-        return InlineRuntime(Searcher(copy.deepcopy(policy), reference, tokenizer, task, cfg.search, seed=cfg.seed))
+        searcher = Searcher(copy.deepcopy(policy), reference, tokenizer, task, cfg.search, seed=cfg.seed)
+        searcher.version = version
+        if states and states[0]:
+            searcher.load_state_dict(states[0])
+        return InlineRuntime(searcher)
     if source is None:
         # the starting policy exists only in memory: write it once so other processes can load it
         from tba.models import save_checkpoint
 
         source = str(out_dir / "init")
         save_checkpoint(policy, tokenizer, Path(source))
-    sources = ModelSources(policy=source, reference=cfg.model.reference or source, tokenizer=source)
+    sources = ModelSources(policy=source, reference=reference_source or cfg.model.reference or source,
+                           tokenizer=source)
+    kwargs = {"version": version, "states": states, "log": log}
     if cfg.runtime == "local":
         from tba.runtime.local import LocalRuntime
 
-        return LocalRuntime(cfg, sources, policy.state_dict(), threads)
+        return LocalRuntime(cfg, sources, policy.state_dict(), threads, **kwargs)
     from tba.runtime.ray import RayRuntime
 
-    return RayRuntime(cfg, sources, policy.state_dict(), threads)
+    return RayRuntime(cfg, sources, policy.state_dict(), threads, **kwargs)
 
 
 __all__ = ["ModelSources", "Runtime", "SearcherError", "make_runtime"]

@@ -50,10 +50,16 @@ class Runtime(Protocol):
         """Stop every searcher and release every process or daemon this runtime started."""
 
 
-def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: int):
-    """Construct searcher `rank` inside a worker (process or actor) from plain, picklable inputs."""
+def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None = None,
+                   version: int = 0):
+    """Construct searcher `rank` inside a worker (process or actor) from plain, picklable inputs.
+
+    `state` (a searcher's `state_dict`, plus `rng`: its process's RNG states) resumes a searcher where the
+    trainer last heard from it; `version` is the policy version of the weights in `sources.policy`.
+    """
     torch.set_num_threads(threads)
-    from tba.build import build_task
+    from tba.build import build_task, fit_prompts, prompt_limit
+    from tba.checkpoint import set_rng_state
     from tba.config import from_dict
     from tba.models import load_model, load_tokenizer
     from tba.searcher import Searcher
@@ -62,8 +68,23 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     policy = load_model(sources.policy, cfg.model.dtype)
     reference = load_model(sources.reference, cfg.model.dtype)
     tokenizer = load_tokenizer(sources.tokenizer)
-    return Searcher(policy, reference, tokenizer, build_task(cfg, tokenizer), cfg.search,
-                    seed=cfg.seed + 1000 * (rank + 1), shard=rank, num_shards=cfg.search.num_searchers)
+    task = build_task(cfg, tokenizer)
+    fit_prompts(task, tokenizer, prompt_limit(cfg, policy), cfg.task.long_prompts)
+    searcher = Searcher(policy, reference, tokenizer, task, cfg.search, seed=cfg.seed + 1000 * (rank + 1),
+                        shard=rank, num_shards=cfg.search.num_searchers)
+    searcher.version = version
+    if state:
+        searcher.load_state_dict(state)
+        if "rng" in state:
+            set_rng_state(state["rng"])
+    return searcher
+
+
+def worker_state(searcher) -> dict:
+    """What a worker reports with each batch so the trainer can checkpoint or restart it."""
+    from tba.checkpoint import rng_state
+
+    return {**searcher.state_dict(), "rng": rng_state()}
 
 
 def aggregate_stats(per_searcher: list[dict]) -> dict[str, float]:
@@ -76,6 +97,7 @@ def aggregate_stats(per_searcher: list[dict]) -> dict[str, float]:
         "searcher/version_min": min(x["version"] for x in s),
         "searcher/busy_fraction": sum(x["busy"] for x in s) / max(sum(x["alive_s"] for x in s), 1e-9),
         "sync/searcher_load_s": sum(x["sync_s"] for x in s),
+        "searcher/rewards_dropped": sum(x["state"]["rewards_dropped"] for x in s),
     }
 
 

@@ -21,6 +21,10 @@ class InlineRuntime:
     def start(self) -> None:
         pass
 
+    @property
+    def reward_error(self) -> str | None:
+        return self.searcher.last_reward_error
+
     def collect(self, block: bool = True) -> list[Group]:
         """Inline, search happens only when asked: one fresh search iteration (the runtime is always sync)."""
         return self.searcher.step()
@@ -30,10 +34,40 @@ class InlineRuntime:
 
     def stats(self) -> dict[str, float]:
         return {"searcher/samples": self.searcher.samples_generated,
-                "searcher/version_min": self.searcher.version}
+                "searcher/version_min": self.searcher.version,
+                "searcher/rewards_dropped": self.searcher.rewards_dropped, "searcher/restarts": 0}
+
+    def searcher_states(self) -> list[dict]:
+        """No RNG here: the searcher shares the trainer process's RNG, which the checkpoint saves."""
+        return [self.searcher.state_dict()]
 
     def placement(self) -> list[dict]:
         return [{"rank": 0, "pid": os.getpid(), "host": socket.gethostname()}]
+
+    def stop(self) -> None:
+        pass
+
+
+class OfflineRuntime:
+    """No searchers at all: the loop trains on whatever the buffer was restored with (runtime=offline)."""
+
+    def start(self) -> None:
+        pass
+
+    def collect(self, block: bool = True) -> list[Group]:
+        return []
+
+    def publish(self, weights, version: int) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def searcher_states(self) -> list[dict]:
+        return []
+
+    def placement(self) -> list[dict]:
+        return []
 
     def stop(self) -> None:
         pass

@@ -23,7 +23,7 @@ import time
 import torch
 
 from tba.config import RunConfig, to_dict
-from tba.runtime.base import ModelSources, SearcherError, aggregate_stats, build_searcher
+from tba.runtime.base import ModelSources, SearcherError, aggregate_stats, build_searcher, worker_state
 from tba.types import Group
 
 try:
@@ -33,9 +33,18 @@ except ImportError:  # the optional extra is missing
 
 
 class _SearcherActor:
-    def __init__(self, rank: int, cfg_dict: dict, sources: ModelSources, threads: int):
-        self.searcher = build_searcher(rank, cfg_dict, sources, threads)
+    def __init__(self, rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None,
+                 version: int):
+        self.searcher = build_searcher(rank, cfg_dict, sources, threads, state, version)
         self.rank, self.t_start, self.busy, self.sync_s = rank, time.perf_counter(), 0.0, 0.0
+
+    def restore(self, state: dict | None) -> None:
+        """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`."""
+        if state:
+            from tba.checkpoint import set_rng_state
+
+            self.searcher.load_state_dict(state)
+            set_rng_state(state["rng"])
 
     def ready(self) -> dict:
         import socket
@@ -51,17 +60,21 @@ class _SearcherActor:
         self.busy += self.searcher.last_step_s
         return groups, {"rank": self.rank, "version": self.searcher.version,
                         "samples": self.searcher.samples_generated, "busy": self.busy,
-                        "alive_s": time.perf_counter() - self.t_start, "sync_s": self.sync_s}
+                        "alive_s": time.perf_counter() - self.t_start, "sync_s": self.sync_s,
+                        "state": worker_state(self.searcher), "reward_error": self.searcher.last_reward_error}
 
 
 class RayRuntime:
     pipeline_depth = 2
 
     def __init__(self, cfg: RunConfig, sources: ModelSources, initial_weights: dict[str, torch.Tensor],
-                 threads_per_searcher: int):
+                 threads_per_searcher: int, *, version: int = 0, states: list[dict] | None = None, log=print):
         if ray is None:
             raise RuntimeError("runtime=ray needs Ray: pip install 'tba[ray]' (or pip install 'ray[default]')")
-        self.cfg, self.sources, self.threads = cfg, sources, threads_per_searcher
+        self.cfg, self.sources, self.threads, self.log = cfg, sources, threads_per_searcher, log
+        self._version, self._initial = version, initial_weights
+        self._states: list[dict | None] = list(states) if states else [None] * cfg.search.num_searchers
+        self.restarts = 0
         self.sync = cfg.mode == "sync"
         self.actors: list = []
         self._in_flight: dict = {}  # ObjectRef → actor index
@@ -80,11 +93,18 @@ class RayRuntime:
                          log_to_driver=True)
                 self._started_ray = True
         s = self.cfg.search
+        # Ray restarts a dead actor itself (re-running __init__); tasks in flight at the death fail and are
+        # not retried: the driver counts the restart, re-sends the searcher's last state and the newest weights
         actor_cls = ray.remote(_SearcherActor).options(
-            num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=s.resources or {}, max_restarts=0)
+            num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=s.resources or {}, max_restarts=s.max_restarts,
+            max_task_retries=0)
         cfg_dict = to_dict(self.cfg)
-        self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads) for rank in range(s.num_searchers)]
-        self._sent_version = [0] * len(self.actors)
+        self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], self._version)
+                       for rank in range(s.num_searchers)]
+        self._sent_version = [self._version] * len(self.actors)
+        if self._version > 0:  # resumed: the actors loaded the starting policy, send them the trainer's
+            self._latest = (self._version, ray.put(self._initial))
+            self._sent_version = [-1] * len(self.actors)
         self._placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
         if not self.sync:
             for i in range(len(self.actors)):
@@ -109,9 +129,34 @@ class RayRuntime:
 
     def _receive(self, ref) -> list[Group]:
         i = self._in_flight.pop(ref)
-        groups, stats = self._get(ref, 60, "to return a finished batch", rank=i)
-        self._stats[i] = stats
+        try:
+            groups, stats = ray.get(ref, timeout=60)
+        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+            self._recover(i, e)
+            return []
+        except ray.exceptions.GetTimeoutError:
+            raise SearcherError(f"timed out after 60s waiting for searcher {i} to return a finished batch") from None
+        self._stats[i], self._states[i] = stats, stats["state"]
         return groups
+
+    def _recover(self, i: int, error: Exception) -> None:
+        """Searcher i raised or died: count it, let Ray restart it, and bring it back to its last state."""
+        limit = self.cfg.search.max_restarts
+        if self.restarts >= limit:
+            raise SearcherError(f"searcher {i} failed. Traceback (remote, from Ray):\n{error}\nrestart limit "
+                                f"reached (search.max_restarts={limit}): stopping the run")
+        self.restarts += 1
+        self.log(f"searcher {i} failed ({type(error).__name__}) — Ray restarts it "
+                 f"({self.restarts}/{limit} restarts used)\n{error}")
+        for ref in [r for r, j in self._in_flight.items() if j == i]:
+            del self._in_flight[ref]  # the failed incarnation's other calls: dropped, not counted again
+        if isinstance(error, ray.exceptions.RayTaskError):  # an exception: the actor is alive but suspect
+            ray.kill(self.actors[i], no_restart=False)
+        self.actors[i].restore.remote(self._states[i])
+        self._sent_version[i] = -1  # the restarted actor gets the newest weights with its next call
+        if not self.sync:
+            for _ in range(self.pipeline_depth):
+                self._submit(i)
 
     def collect(self, block: bool) -> list[Group]:
         groups: list[Group] = []
@@ -126,9 +171,12 @@ class RayRuntime:
                 raise SearcherError("timed out waiting for searchers to deliver samples")
         ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
         for ref in ready:
+            if ref not in self._in_flight:
+                continue  # dropped after its searcher failed
             i = self._in_flight[ref]
+            n_before = self.restarts
             groups.extend(self._receive(ref))
-            if not self.sync:
+            if not self.sync and self.restarts == n_before:
                 self._submit(i)
         return groups
 
@@ -136,7 +184,10 @@ class RayRuntime:
         self._latest = (version, ray.put(weights))
 
     def stats(self) -> dict[str, float]:
-        return aggregate_stats(list(self._stats.values()))
+        return {**aggregate_stats(list(self._stats.values())), "searcher/restarts": self.restarts}
+
+    def searcher_states(self) -> list[dict | None]:
+        return list(self._states)
 
     def placement(self) -> list[dict]:
         return self._placement

@@ -1,0 +1,71 @@
+"""The run directory: checked writable before anything is built, never silently mixed with another run.
+
+    RUN_DIR/config.yaml            resolved config (what --resume reads back)
+    RUN_DIR/buffer.sqlite          every accepted group (tba.store), the durable replay buffer
+    RUN_DIR/checkpoints/           full checkpoints (tba.checkpoint); `latest` names the newest
+    RUN_DIR/metrics.jsonl          one line per trainer step; tensorboard/ the same as scalars
+    RUN_DIR/checkpoint/            final policy, save_pretrained (what users load)
+    RUN_DIR/summary.json           before/after accuracy and run counters
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+RUN_FILES = ("buffer.sqlite", "buffer.sqlite-wal", "buffer.sqlite-shm", "checkpoints", "metrics.jsonl",
+             "metrics.interrupted.jsonl", "summary.json", "tensorboard", "checkpoint", "init", "reference")
+
+
+class RunDirError(RuntimeError):
+    """The output directory cannot be used (unwritable, or it holds another run)."""
+
+
+def holds_run(out: Path) -> bool:
+    return (out / "buffer.sqlite").exists() or (out / "checkpoints").exists() or (out / "summary.json").exists()
+
+
+def prepare(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Create `out` and prove it writable; refuse to start a fresh run over an existing one."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".tba-write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RunDirError(f"output_dir {out}: not writable ({e.strerror or e}); choose another output_dir=") from None
+    if resume:
+        if not (out / "config.yaml").is_file():
+            raise RunDirError(f"--resume {out}: no run there (config.yaml missing)")
+        return
+    if holds_run(out):
+        if not overwrite:
+            raise RunDirError(f"output_dir {out} already holds a run. Continue it with `tba train --resume {out}`, "
+                              "replace it with --overwrite, or pick another output_dir=")
+        for name in RUN_FILES:
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+
+
+def set_aside_metrics(out: Path, after_step: int) -> int:
+    """On resume: metrics lines logged after the checkpoint move to metrics.interrupted.jsonl (kept, not
+    mixed with the resumed run's lines). Returns how many moved."""
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line from a kill
+        (keep if step <= after_step else moved).append(line)
+    if moved:
+        with (out / "metrics.interrupted.jsonl").open("a") as f:
+            f.write("\n".join(moved) + "\n")
+    path.write_text("".join(line + "\n" for line in keep))
+    return len(moved)
