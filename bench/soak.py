@@ -1,0 +1,141 @@
+"""Soak: the default recipe trained for an hour; resident memory of every process sampled each minute.
+
+    python bench/soak.py --minutes 60            # writes bench/results/soak.{md,json,png}
+    python bench/soak.py --smoke                 # 1 minute, samples every 10 s (what CI runs)
+
+The run is `tba train` (embedded default recipe) with `trainer.steps` raised so it cannot finish first,
+in its own process; every `--interval` seconds the script reads VmRSS of the trainer and of each of its
+child processes from /proc, plus the run's last metrics line. At the end it sends Ctrl-C (the run writes
+its exit checkpoint) and reports growth from the first sample (after start-up and prefill) to the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def last_metrics(run: Path) -> dict:
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=60)
+    ap.add_argument("--interval", type=float, default=60)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "soak"))
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    if args.smoke:
+        args.minutes, args.interval = 1.0, 10.0
+        args.out = str(Path(tempfile.mkdtemp()) / "soak")
+    run = Path(tempfile.mkdtemp(prefix="tba-soak-")) / "run"
+    cmd = [sys.executable, "-m", "tba", "train", f"output_dir={run}", "trainer.steps=100000000",
+           "logging.progress=false", *args.overrides]
+    log = open(run.parent / "train.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    print(f"soak: {' '.join(cmd)}\nlog: {run.parent / 'train.log'}", flush=True)
+    while not (run / "metrics.jsonl").is_file() or not last_metrics(run):  # start-up, SFT, prefill
+        if proc.poll() is not None:
+            sys.exit(f"training exited early ({proc.returncode}); see {run.parent / 'train.log'}")
+        time.sleep(2)
+    samples, t0 = [], time.monotonic()
+    while True:
+        m = last_metrics(run)
+        kids = children(proc.pid)
+        row = {"minute": (time.monotonic() - t0) / 60, "trainer_mb": rss_mb(proc.pid),
+               "children_mb": sum(rss_mb(k) for k in kids), "processes": 1 + len(kids), "step": m.get("step"),
+               "buffer_size": m.get("buffer_size"), "buffer_groups": m.get("buffer/groups")}
+        row["total_mb"] = row["trainer_mb"] + row["children_mb"]
+        samples.append(row)
+        print(json.dumps(row), flush=True)
+        if proc.poll() is not None:
+            sys.exit(f"training died ({proc.returncode}); see {run.parent / 'train.log'}")
+        if row["minute"] >= args.minutes:
+            break
+        time.sleep(max(0.0, t0 + len(samples) * args.interval - time.monotonic()))
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=120)
+    first, last = samples[0], samples[-1]
+    growth = {k: (last[k] - first[k]) / first[k] for k in ("trainer_mb", "total_mb")}
+    peak = max(s["total_mb"] for s in samples)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": "python bench/soak.py " + " ".join(sys.argv[1:]), "train_command": " ".join(cmd),
+              "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "exit_code_after_ctrl_c": code, "growth": growth, "peak_total_mb": peak, "samples": samples}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    _plot(samples, out.with_suffix(".png"))
+    lines = [
+        "# Soak: the default recipe for an hour, memory sampled every minute", "",
+        f"Command: `{result['command']}` (runs `{result['train_command']}`). Date {result['date']}, "
+        f"{result['machine']}, no GPU.", "",
+        "| minute | trainer step | buffer samples in memory | groups accepted | trainer RSS MB | "
+        "searchers RSS MB | total MB |", "|---|---|---|---|---|---|---|",
+        *[f"| {s['minute']:.1f} | {s['step']} | {s['buffer_size']} | {s['buffer_groups']} | "
+          f"{s['trainer_mb']:.0f} | {s['children_mb']:.0f} | {s['total_mb']:.0f} |" for s in samples], "",
+        f"RSS growth first → last sample: trainer {growth['trainer_mb']:+.1%}, all processes "
+        f"{growth['total_mb']:+.1%} (peak {peak:.0f} MB). Ctrl-C at the end: exit code {code} "
+        "(130 = interrupted, exit checkpoint written).", "", f"![RSS over time]({out.with_suffix('.png').name})",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _plot(samples: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    minutes = [s["minute"] for s in samples]
+    for key, label in (("total_mb", "all processes"), ("trainer_mb", "trainer"), ("children_mb", "searchers")):
+        ax.plot(minutes, [s[key] for s in samples], marker="o", ms=3, label=label)
+    ax.set_xlabel("minutes since the first trainer step")
+    ax.set_ylabel("resident memory (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("tba soak: default recipe, RSS sampled every interval")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
