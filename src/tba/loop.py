@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import json
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -150,6 +152,29 @@ def _buffer(cfg: RunConfig, out: Path, resume_from, state: dict, log) -> ReplayB
     return buffer
 
 
+class _GracefulStop:
+    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second Ctrl-C: stop at once."""
+
+    def __init__(self, log):
+        self.log, self.requested, self._previous = log, False, {}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again: now)")
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 class _Run:
     """The loop's state between steps: exactly what a checkpoint saves (besides model/optimizer/buffer)."""
 
@@ -237,7 +262,7 @@ class _Run:
             raise RuntimeError("the replay buffer is empty: nothing to train on")
 
         t_loop, busy_before = time.perf_counter(), self.busy_s
-        with RunProgress(t.steps, enabled=cfg.logging.progress) as progress:
+        with RunProgress(t.steps, enabled=cfg.logging.progress) as progress, _GracefulStop(self.log) as stop:
             while self.step < t.steps:
                 metrics = self._step(t_loop, busy_before)
                 progress.update(self.step, reward=metrics["reward_mean"], accuracy=self.evals[-1][1],
@@ -245,6 +270,8 @@ class _Run:
                 every = cfg.checkpoint.every_steps
                 if every and self.step % every == 0 and self.step < t.steps:
                     self.checkpoint()
+                if stop.requested:
+                    raise KeyboardInterrupt  # close() writes the exit checkpoint of this completed step
         self.checkpoint()
         return self.summary(t_loop, busy_before)
 
