@@ -95,3 +95,54 @@ def test_mix_of_online_and_offline_follows_m():
 def test_sampling_an_empty_buffer_is_an_error():
     with pytest.raises(RuntimeError, match="empty"):
         ReplayBuffer().sample(1, 1)
+
+
+def _feed(buf, rounds, seed=0):
+    """Add groups with mixed prompts and versions, syncing now and then, sampling in between."""
+    import random
+
+    rng = random.Random(seed)
+    for r in range(rounds):
+        groups = [Group(rng.randrange(12), [1, 2], [s([rng.randrange(4), rng.randrange(4)], float(rng.random() < .5), r)
+                                                   for _ in range(4)]) for _ in range(3)]
+        buf.extend(groups, step=r)
+        buf.sample(2, 3)
+        if r % 3 == 2:
+            buf.mark_sync(r)
+
+
+def _snapshot(buf):
+    return {pid: (h.latest_version, h.n_online, [(tuple(x.response), x.reward, x.version) for x in h.items])
+            for pid, h in buf.histories.items()}
+
+
+@pytest.mark.parametrize("max_samples", [None, 20])
+def test_restore_from_store_and_state_rebuilds_the_buffer_exactly(tmp_path, max_samples):
+    from tba.store import BufferStore
+
+    kw = dict(capacity_per_prompt=5, online_prob=0.7, offline_inverse_temperature=1.0, seed=3, max_samples=max_samples)
+    live = ReplayBuffer(**kw, store=BufferStore(tmp_path / "a.sqlite"))
+    _feed(live, 10)
+    state = live.state_dict()  # a checkpoint here …
+    late = [Group(11, [1, 2], [s([9, 9], 1.0, 10)])]
+    live.extend(late, step=11)  # … and a group accepted after it, before the "crash"
+
+    again = ReplayBuffer(**kw, store=BufferStore(tmp_path / "a.sqlite"))
+    assert again.restore(state) == 1
+    assert _snapshot(again) == _snapshot(live) and len(again) == len(live)
+    assert again.evicted_prompts == live.evicted_prompts
+    if max_samples:
+        assert live.evicted_prompts > 0  # (prompts of the recency windows are never evicted)
+    draws_a, draws_b = live.sample(4, 3), again.sample(4, 3)  # same RNG and pools: the same draws
+    assert [(d.prompt_id, [x.response for x in d.samples]) for d in draws_a] == \
+        [(d.prompt_id, [x.response for x in d.samples]) for d in draws_b]
+
+
+def test_eviction_keeps_the_recency_windows_and_bounds_memory():
+    buf = ReplayBuffer(capacity_per_prompt=10, max_samples=6, seed=0)
+    for pid in range(5):
+        buf.add(Group(pid, [1], [s([pid, 1]), s([pid, 2])]))
+        buf.mark_sync()
+    # prompts 3 (previous window) and 4 (current) are protected; the oldest others went first
+    assert list(buf.histories) == [2, 3, 4] and len(buf) == 6 and buf.evicted_prompts == 2
+    assert buf.histories[2].items[0].ref_logprobs.typecode == "f"  # stored compactly as float32

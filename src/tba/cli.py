@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     from tba.store import StoreError
 
     def log(msg: str) -> None:
-        console.print(msg, highlight=False)
+        console.print(msg, highlight=False, soft_wrap=True)
 
     try:
         if ns.command == "train":

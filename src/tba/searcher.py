@@ -11,7 +11,6 @@ and counted (`rewards_dropped`, with the last error kept for the log) and the se
 
 from __future__ import annotations
 
-import math
 import random
 import time
 import traceback
@@ -20,7 +19,7 @@ import torch
 
 from tba.config import SearchConfig
 from tba.generation import generate, response_logprobs
-from tba.tasks.base import Prompt, Task
+from tba.tasks.base import Prompt, Task, checked_reward
 from tba.types import Group, Sample
 
 
@@ -59,16 +58,11 @@ class Searcher:
     def _reward(self, prompt: Prompt, text: str) -> float | None:
         """The task's reward, or None (sample dropped, counted) if it raises or is not finite."""
         try:
-            value = float(self.task.reward(prompt, text))
+            return checked_reward(self.task, prompt, text)
         except Exception:
             self.rewards_dropped += 1
-            self.last_reward_error = f"prompt {prompt.id}: reward raised\n{traceback.format_exc()}"
+            self.last_reward_error = f"prompt {prompt.id}: {traceback.format_exc(limit=-2).strip()}"
             return None
-        if not math.isfinite(value):
-            self.rewards_dropped += 1
-            self.last_reward_error = f"prompt {prompt.id}: reward returned {value}"
-            return None
-        return value
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.policy.load_state_dict(state_dict)

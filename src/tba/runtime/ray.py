@@ -75,6 +75,7 @@ class RayRuntime:
         self._version, self._initial = version, initial_weights
         self._states: list[dict | None] = list(states) if states else [None] * cfg.search.num_searchers
         self.restarts = 0
+        self._recovering: dict[int, tuple] = {}  # actor index → (restore ObjectRef, deadline)
         self.sync = cfg.mode == "sync"
         self.actors: list = []
         self._in_flight: dict = {}  # ObjectRef → actor index
@@ -140,7 +141,12 @@ class RayRuntime:
         return groups
 
     def _recover(self, i: int, error: Exception) -> None:
-        """Searcher i raised or died: count it, let Ray restart it, and bring it back to its last state."""
+        """Searcher i raised or died: count it once, let Ray restart it, then restore its last state.
+
+        While Ray restarts an actor, calls to it fail with ActorUnavailableError; those are the same incident,
+        not new failures. The restore call is re-sent until it succeeds (deadline: search.ready_timeout_s)."""
+        if i in self._recovering:
+            return
         limit = self.cfg.search.max_restarts
         if self.restarts >= limit:
             raise SearcherError(f"searcher {i} failed. Traceback (remote, from Ray):\n{error}\nrestart limit "
@@ -152,31 +158,60 @@ class RayRuntime:
             del self._in_flight[ref]  # the failed incarnation's other calls: dropped, not counted again
         if isinstance(error, ray.exceptions.RayTaskError):  # an exception: the actor is alive but suspect
             ray.kill(self.actors[i], no_restart=False)
-        self.actors[i].restore.remote(self._states[i])
+        deadline = time.monotonic() + self.cfg.search.ready_timeout_s
+        self._recovering[i] = (self.actors[i].restore.remote(self._states[i]), deadline)
         self._sent_version[i] = -1  # the restarted actor gets the newest weights with its next call
-        if not self.sync:
-            for _ in range(self.pipeline_depth):
-                self._submit(i)
+
+    def _poll_recovering(self) -> None:
+        for i, (ref, deadline) in list(self._recovering.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                if time.monotonic() > deadline:
+                    raise SearcherError(f"searcher {i} did not come back after a restart within "
+                                        f"search.ready_timeout_s={self.cfg.search.ready_timeout_s:.0f}s")
+                continue
+            try:
+                ray.get(ref)
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError):  # still restarting
+                self._recovering[i] = (self.actors[i].restore.remote(self._states[i]), deadline)
+                continue
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+                raise SearcherError(f"searcher {i} could not be restored after a restart:\n{e}") from None
+            del self._recovering[i]
+            self.log(f"searcher {i} is back (restarted by Ray, state restored)")
+            if not self.sync:
+                for _ in range(self.pipeline_depth):
+                    self._submit(i)
 
     def collect(self, block: bool) -> list[Group]:
         groups: list[Group] = []
+        self._poll_recovering()
         if block and self.sync:
             for i in range(len(self.actors)):
-                self._submit(i)
+                if i not in self._recovering:
+                    self._submit(i)
+        if block:  # sync: every submitted call; async: any one call
+            deadline = time.monotonic() + self.cfg.search.collect_timeout_s
+            while True:
+                pending = list(self._in_flight)
+                want = len(pending) if self.sync else 1
+                if pending and len(ray.wait(pending, num_returns=want, timeout=0.5)[0]) >= want:
+                    break
+                if not pending:
+                    time.sleep(0.2)
+                self._poll_recovering()
+                if self.sync and not pending and not self._recovering:
+                    for i in range(len(self.actors)):
+                        self._submit(i)
+                if time.monotonic() > deadline:
+                    raise SearcherError("timed out waiting for searchers to deliver samples")
         pending = list(self._in_flight)
-        if block:
-            need = len(self.actors) if self.sync else 1
-            ready, _ = ray.wait(pending, num_returns=need, timeout=self.cfg.search.collect_timeout_s)
-            if len(ready) < need:
-                raise SearcherError("timed out waiting for searchers to deliver samples")
-        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+        ready = ray.wait(pending, num_returns=len(pending), timeout=0)[0] if pending else []
         for ref in ready:
             if ref not in self._in_flight:
                 continue  # dropped after its searcher failed
             i = self._in_flight[ref]
-            n_before = self.restarts
             groups.extend(self._receive(ref))
-            if not self.sync and self.restarts == n_before:
+            if not self.sync and i not in self._recovering:
                 self._submit(i)
         return groups
 

@@ -8,6 +8,7 @@ file that returns a `Task` (see docs/tasks.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,8 +37,24 @@ class Task(Protocol):
         ...
 
 
+def checked_reward(task: Task, prompt: Prompt, completion: str) -> float:
+    """`task.reward` as a finite float; raises ValueError if the reward function returns NaN/inf."""
+    value = float(task.reward(prompt, completion))
+    if not math.isfinite(value):
+        raise ValueError(f"reward returned {value}")
+    return value
+
+
 def accuracy(task: Task, prompts: list[Prompt], completions: list[str]) -> float:
-    """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1."""
+    """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1.
+    A reward that raises or is not finite scores 0 here (evaluation must not stop a run)."""
     if not prompts:
         return float("nan")
-    return sum(task.reward(p, c) for p, c in zip(prompts, completions, strict=True)) / len(prompts)
+
+    def score(p, c):
+        try:
+            return checked_reward(task, p, c)
+        except Exception:
+            return 0.0
+
+    return sum(score(p, c) for p, c in zip(prompts, completions, strict=True)) / len(prompts)
