@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent
 def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:
     cfg = load_config(None, [f"seed={seed}", f"output_dir={out_root / f'rl-seed{seed}'}",
                              "logging.progress=false", *overrides])
-    summary = train(cfg, log=lambda m: print(f"[seed {seed}] {m}", flush=True))
+    summary = train(cfg, log=lambda m: print(f"[seed {seed}] {m}", flush=True), overwrite=True)
     budget = summary["train_wall_clock_s"]
 
     # control: continue SFT from the same warm start, same wall-clock budget, all cores (RL used them all too)

@@ -41,7 +41,7 @@ def run_one(job: dict) -> dict:
                              f"output_dir={job['out']}", "runtime=inline", "mode=sync", "threads=1",
                              "search.threads=1", "logging.progress=false", "logging.tensorboard=false",
                              *job["overrides"]])
-    s = train(cfg, log=lambda m: None)
+    s = train(cfg, log=lambda m: None, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     return {**{k: job[k] for k in ("objective", "k", "m", "seed")}, "start": s["test_accuracy_start"],
             "final": s["test_accuracy_end"], "staleness_mean": statistics.mean(x["staleness_mean"] for x in metrics),

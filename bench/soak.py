@@ -62,9 +62,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "soak"))
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    if args.smoke:
-        args.minutes, args.interval = 1.0, 10.0
+    if args.smoke:  # tiny warm start so that CI does not spend minutes on SFT
+        args.minutes, args.interval = 0.5, 10.0
         args.out = str(Path(tempfile.mkdtemp()) / "soak")
+        args.overrides += ["sft.steps=30", "sft.log_every_steps=30", f"sft.cache_dir={tempfile.mkdtemp()}",
+                           "task.test_size=16", "task.train_size=500"]
     run = Path(tempfile.mkdtemp(prefix="tba-soak-")) / "run"
     cmd = [sys.executable, "-m", "tba", "train", f"output_dir={run}", "trainer.steps=100000000",
            "logging.progress=false", *args.overrides]

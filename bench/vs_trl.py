@@ -78,7 +78,7 @@ def time_to(evals: list, target: float, budget: float) -> float | None:
 
 
 def run_tba(cfg, args, seed: int) -> dict:
-    s = train(cfg, log=lambda m: print(f"[tba seed {seed}] {m}", flush=True))
+    s = train(cfg, log=lambda m: print(f"[tba seed {seed}] {m}", flush=True), overwrite=True)
     if s["train_wall_clock_s"] < args.budget_s:
         print(f"WARNING: tba finished {s['trainer_steps']} steps in {s['train_wall_clock_s']:.0f} s < budget "
               f"{args.budget_s:.0f} s; raise --tba-steps for a full-budget comparison", flush=True)

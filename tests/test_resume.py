@@ -120,6 +120,15 @@ def test_offline_mode_trains_on_a_saved_buffer_without_searchers(tmp_path, cache
     assert summary["trainer_steps"] == 6 and summary["samples_generated"] == 0 and summary["searchers"] == []
     assert BufferStore(source, readonly=True).num_groups() == groups  # the source is only read
 
+    assert main(["buffer", "stats", str(source)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["groups"] == groups and stats["samples"] >= groups and stats["version_max"] >= 3
+    assert main(["buffer", "dump", str(source), "--limit", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["seq"] for r in rows] == [1, 2] and "text" in rows[0]["samples"][0] and "prompt" in rows[0]
+    assert main(["buffer", "stats", str(tmp_path / "nothing")]) == 1
+    assert "no replay buffer at" in capsys.readouterr().err
+
 
 def test_run_directory_guards(tmp_path, cache, capsys):
     (tmp_path / "taken").mkdir()

@@ -262,7 +262,8 @@ class _Run:
             raise RuntimeError("the replay buffer is empty: nothing to train on")
 
         t_loop, busy_before = time.perf_counter(), self.busy_s
-        with RunProgress(t.steps, enabled=cfg.logging.progress) as progress, _GracefulStop(self.log) as stop:
+        progress_bar = RunProgress(t.steps, enabled=cfg.logging.progress, start=self.step)
+        with progress_bar as progress, _GracefulStop(self.log) as stop:
             while self.step < t.steps:
                 metrics = self._step(t_loop, busy_before)
                 progress.update(self.step, reward=metrics["reward_mean"], accuracy=self.evals[-1][1],

@@ -17,14 +17,15 @@ console = Console(stderr=True)
 
 
 class RunProgress:
-    def __init__(self, total: int, enabled: bool = True):
+    def __init__(self, total: int, enabled: bool = True, start: int = 0):
         self.enabled = enabled
         self._progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
             console=console, disable=not enabled,
         )
-        self._task = self._progress.add_task("train", total=total, info="")
+        # a resumed run starts at its checkpoint step, so speed and ETA count only the steps done now
+        self._task = self._progress.add_task("train", total=total, completed=start, info="")
 
     def __enter__(self):
         self._progress.start()

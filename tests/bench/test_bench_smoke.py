@@ -51,3 +51,19 @@ def test_offpolicy_bench_smoke(tmp_path, monkeypatch):
     rows = rows_of(results)
     assert len(rows) == 10 and {r["objective"] for r in rows} == {"tb", "tba_prime", "dr_grpo", "rloo", "online_dpo"}
     assert results.with_suffix(".png").is_file()
+
+
+@pytest.mark.slow
+def test_resume_bench_smoke(monkeypatch, capsys):
+    run_bench("resume", ["--smoke"], monkeypatch)
+    table = capsys.readouterr().out
+    assert "| 0 | local-async |" in table and "| 0 | inline-sync |" in table
+    inline_row = next(line for line in table.splitlines() if "| inline-sync |" in line)
+    assert inline_row.rstrip().endswith("| True | True | True |")  # logged once, identical losses and weights
+
+
+@pytest.mark.slow
+def test_soak_bench_smoke(monkeypatch, capsys):
+    run_bench("soak", ["--smoke"], monkeypatch)
+    out = capsys.readouterr().out
+    assert "RSS growth first → last sample" in out and "exit code 130" in out
