@@ -12,7 +12,11 @@ from tba.models import build_tiny_model, load_model, load_tokenizer, resolve_sou
 def build_task(cfg: RunConfig, tokenizer=None):
     """The configured task; with `task.chat_template` its prompts are wrapped by `tokenizer`'s chat template."""
     t = cfg.task
-    if t.name == "arith":
+    if ":" in t.name:
+        from tba.tasks.base import load_custom_task
+
+        task = load_custom_task(t.name, t.options or {})
+    elif t.name == "arith":
         from tba.tasks.arith import ArithTask
 
         task = ArithTask(digits=t.digits, train_size=t.train_size, test_size=t.test_size,

@@ -28,7 +28,11 @@ class ConfigError(ValueError):
 @dataclass
 class TaskConfig:
     name: str = "arith"
-    """Task: `arith` (offline, reasoning-gym) or `gsm8k`."""
+    """Task: `arith` (offline, reasoning-gym), `gsm8k`, or your own: `package.module:factory` or
+    `path/to/file.py:factory`, a function called as factory(**task.options) that returns a Task
+    (docs/tasks.md)."""
+    options: dict | None = None
+    """Keyword arguments for a custom task's factory."""
     source: str | None = None
     """gsm8k: hub name (default openai/gsm8k) or a local jsonl/parquet file or directory."""
     digits: int = 3
@@ -251,7 +255,6 @@ class RunConfig:
 
 
 CHOICES = {
-    "task.name": ("arith", "gsm8k"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "objective": ("tb", "dr_grpo", "rloo", "online_dpo", "tba_prime"),
     "runtime": ("inline", "local", "ray", "offline"),
@@ -346,6 +349,8 @@ def _validate(cfg: RunConfig) -> None:
             node = node[part]
         return node
 
+    if cfg.task.name not in ("arith", "gsm8k") and ":" not in cfg.task.name:
+        raise ConfigError(f"task.name: must be arith, gsm8k or module:factory (a custom task), got {cfg.task.name!r}")
     for key, allowed in CHOICES.items():
         if get(key) not in allowed:
             raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {get(key)!r}")
@@ -373,8 +378,9 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.runtime == "inline" and cfg.mode == "async":
         raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
                           "runtime=local for asynchrony")
-    if cfg.model.policy == "builtin" and cfg.task.name != "arith":
-        raise ConfigError("model.policy: the builtin tiny model is only defined for task.name=arith")
+    if cfg.model.policy == "builtin" and cfg.task.name == "gsm8k":
+        raise ConfigError("model.policy: the builtin tiny model is for task.name=arith or custom tasks that "
+                          "provide demonstrations() and corpus(); give gsm8k a real model (model.policy=...)")
 
 
 def to_dict(cfg) -> dict:

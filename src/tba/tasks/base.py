@@ -3,14 +3,20 @@
 A task is data plus a verifier. The searcher needs train prompts and `reward`; the evaluator needs test
 prompts and `reward` again (greedy pass@1 is the mean reward of greedy completions); the SFT warm start
 needs `demonstrations`. Nothing else in the package knows what the task is about, so a new task is one
-file that returns a `Task` (see docs/tasks.md).
+file that returns a `Task`, named in the config as `task.name: path/to/file.py:factory` or
+`package.module:factory` (see docs/tasks.md).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
+
+from tba.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -58,3 +64,27 @@ def accuracy(task: Task, prompts: list[Prompt], completions: list[str]) -> float
             return 0.0
 
     return sum(score(p, c) for p, c in zip(prompts, completions, strict=True)) / len(prompts)
+
+
+def load_custom_task(spec: str, options: dict) -> Task:
+    """`module.path:factory` or `file.py:factory` → factory(**options), checked to look like a Task."""
+    where, _, attr = spec.rpartition(":")
+    try:
+        if where.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location(f"tba_custom_task_{abs(hash(where))}", where)
+            if module_spec is None or not Path(where).is_file():
+                raise FileNotFoundError(where)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        factory = getattr(module, attr)
+    except (ImportError, FileNotFoundError, AttributeError) as e:
+        raise ConfigError(f"task.name: cannot load {spec!r}: {type(e).__name__}: {e}") from None
+    task = factory(**options)
+    missing = [a for a in ("name", "train", "test", "reward") if not hasattr(task, a)]
+    if missing:
+        raise ConfigError(f"task.name: {spec} returned {type(task).__name__}, which lacks {', '.join(missing)}")
+    if not task.train or not task.test:
+        raise ConfigError(f"task.name: {spec} returned no train or no test prompts")
+    return task
