@@ -16,6 +16,9 @@ from safetensors.torch import load_file
 from tba.cli import main
 from tba.store import BufferStore
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from soak import children  # noqa: E402  (the soak bench's /proc walk: children of a process)
+
 TINY = ["sft.steps=20", "sft.log_every_steps=20", "task.digits=1", "task.train_size=200", "task.test_size=8",
         "buffer.prefill_samples=12", "eval.every_steps=1000", "search.prompts_per_batch=2",
         "search.samples_per_prompt=6", "trainer.prompts_per_step=2", "trainer.samples_per_prompt=4",
@@ -41,16 +44,6 @@ def losses(out: Path) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
-def descendants(pid: int) -> list[int]:
-    kids = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            kids += [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return kids
-
-
 @pytest.mark.slow
 def test_kill_9_trainer_mid_run_then_resume_continues_and_keeps_every_buffered_group(tmp_path, cache, capsys):
     out = tmp_path / "run"
@@ -70,7 +63,7 @@ def test_kill_9_trainer_mid_run_then_resume_continues_and_keeps_every_buffered_g
                 break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
-    searchers = descendants(proc.pid)
+    searchers = children(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     ckpt_step = int((out / "checkpoints" / "latest").read_text().strip().split("_")[1])
