@@ -90,7 +90,7 @@ def test_searcher_that_keeps_failing_is_restarted_up_to_the_limit_then_stops_the
                     "trainer.steps=100000", "checkpoint.every_steps=null")
     captured = capsys.readouterr()
     assert code == 1
-    assert "restarting it (1/1 restarts used)" in captured.out or "Ray restarts it (1/1" in captured.out
+    assert "restarting it (1/1 restarts used)" in captured.err or "Ray restarts it (1/1" in captured.err
     assert "restart limit reached (search.max_restarts=1" in captured.err
     assert (out / "checkpoints" / "latest").is_file()  # the exit checkpoint: the run can be resumed
     assert not multiprocessing.active_children() and not child_processes() and not ray_processes()
