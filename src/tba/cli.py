@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(cfg, log=log, resume=bool(ns.resume), overwrite=ns.overwrite)
             if summary:
                 print_summary(summary)
-            log(f"run directory: {cfg.output_dir} (summary.json, metrics.jsonl, tensorboard/, checkpoint/)")
+            log(f"run directory: {cfg.output_dir} (summary.json, metrics.jsonl, tensorboard/, checkpoint/; "
+                f"buffer.sqlite and checkpoints/ for `tba train --resume {cfg.output_dir}` and `tba buffer`)")
         else:
             from tba.build import build_task
             from tba.sft import warm_start
