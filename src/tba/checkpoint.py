@@ -48,8 +48,8 @@ def decode_bytes(s: str) -> torch.Tensor:
 
 def rng_state() -> dict:
     """This process's Python, NumPy and torch RNG states (JSON-able)."""
-    np_state = np.random.get_state()
-    return {"python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    np_state, (version, internal, gauss) = np.random.get_state(), random.getstate()
+    return {"python": [version, list(internal), gauss],
             "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "torch": encode_bytes(torch.get_rng_state())}
 
@@ -70,7 +70,12 @@ def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
     return tensors, groups
 
 
-def _load_optimizer(optimizer, tensors: dict[str, torch.Tensor], groups: list[dict]) -> None:
+def load_optimizer(path: Path, optimizer, groups: list[dict]) -> None:
+    """Optimizer moments from `path`'s safetensors; `groups` are the hyperparameters from its state.json."""
+    try:
+        tensors = load_file(str(path / TENSORS))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
     state: dict[int, dict] = {}
     for key, value in tensors.items():
         if key.startswith("optim."):
@@ -149,17 +154,16 @@ def _complete(path: Path) -> bool:
         return False
 
 
-def load(path: Path, *, policy=None, optimizer=None) -> dict:
-    """Read checkpoint `path` into `optimizer` (if given) and return its state dict (JSON part).
+def load(path: Path, *, optimizer=None) -> dict:
+    """Return checkpoint `path`'s state (the JSON part), loading `optimizer` too if given.
 
     The policy weights live in `path/model` (a save_pretrained directory); they are loaded by the caller
     through the normal model loader. RNG states are returned, not applied (see `set_rng_state`).
     """
     try:
         state = json.loads((path / STATE).read_text())
-        tensors = load_file(str(path / TENSORS))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
     if optimizer is not None:
-        _load_optimizer(optimizer, tensors, state["optimizer_param_groups"])
+        load_optimizer(path, optimizer, state["optimizer_param_groups"])
     return state

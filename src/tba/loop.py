@@ -97,9 +97,10 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
     tokenizer, policy, reference, source, ref_source = _models(cfg, task, out, resume_from, state, log)
     if cfg.task.chat_template:
         apply_chat_template(task, tokenizer)
-    fitted = fit_prompts(task, tokenizer, prompt_limit(cfg, policy), cfg.task.long_prompts)
+    limit = prompt_limit(cfg, policy)
+    fitted = fit_prompts(task, tokenizer, limit, cfg.task.long_prompts)
     if fitted["prompts_too_long"]:
-        log(f"{fitted['prompts_too_long']} prompts longer than {prompt_limit(cfg, policy)} tokens: "
+        log(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
             f"{'truncated' if cfg.task.long_prompts == 'truncate' else 'skipped'} (task.long_prompts)")
     log(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
         f"policy {num_parameters(policy) / 1e6:.2f}M params; runtime {cfg.runtime}, mode {cfg.mode}")
@@ -196,6 +197,7 @@ class _Run:
         self.dropped_before = loop.get("rewards_dropped", 0)
         self.last_ckpt = self.step if state else None
         self.consistent = True  # False while an update is half applied: no exit checkpoint then
+        self.started = False  # searchers started: only then is there anything to checkpoint at exit
         self.warned_dropped = 0
 
     def evaluate(self) -> float:
@@ -205,8 +207,18 @@ class _Run:
     def train_s(self) -> float:
         return self.train_s_before + time.perf_counter() - self.t_train - self.eval_s
 
-    def checkpoint(self) -> None:
+    def busy_fraction(self, t_loop: float, busy_before: float) -> float:
+        """Share of this segment's loop time (evaluation excluded) the trainer spent updating."""
+        return (self.busy_s - busy_before) / max(time.perf_counter() - t_loop - self.eval_s, 1e-9)
+
+    def counters(self) -> tuple[int, int]:
+        """(searcher restarts, samples dropped for a bad reward) over the whole run, resumes included."""
         stats = self.runtime.stats()
+        return (self.restarts_before + stats.get("searcher/restarts", 0),
+                stats.get("searcher/rewards_dropped", self.dropped_before))
+
+    def checkpoint(self) -> None:
+        restarts, dropped = self.counters()
         state = {
             "version": self.trainer.version, "skipped_steps": self.trainer.skipped_steps,
             "buffer": self.buffer.state_dict(), "searchers": self.runtime.searcher_states(),
@@ -214,8 +226,7 @@ class _Run:
             "loop": {"evals": self.evals, "rewards_seen": self.rewards_seen, "received": self.received,
                      "busy_s": self.busy_s, "train_s": self.train_s(),
                      "wall_s": self.wall_before + time.perf_counter() - self.t_run, "resumed_at": self.resumed_at,
-                     "restarts": self.restarts_before + stats.get("searcher/restarts", 0),
-                     "rewards_dropped": stats.get("searcher/rewards_dropped", self.dropped_before)},
+                     "restarts": restarts, "rewards_dropped": dropped},
         }
         ckpt.save(self.out, step=self.step, policy=self.policy, tokenizer=self.tokenizer,
                   optimizer=self.trainer.optimizer, state=state, reference=self.trainer.reference,
@@ -235,8 +246,6 @@ class _Run:
             self.logger.close()
             if self.buffer.store is not None:
                 self.buffer.store.close()
-
-    started = False
 
     def loop(self) -> dict:
         cfg, buffer, runtime, t = self.cfg, self.buffer, self.runtime, self.cfg.trainer
@@ -309,12 +318,11 @@ class _Run:
         stats = runtime.stats()
         dropped = stats.get("searcher/rewards_dropped", 0)
         if dropped > self.warned_dropped:
-            error = getattr(runtime, "last_reward_error", None) or "?"
+            error = runtime.last_reward_error or "?"
             self.log(f"{dropped - self.warned_dropped} samples dropped: reward raised or was not finite "
                      f"(total {dropped}); last: {error}")
             self.warned_dropped = dropped
         ages = [trainer.version - s.version for h in buffer.histories.values() for s in h.items]
-        loop_s = max(time.perf_counter() - t_loop - self.eval_s, 1e-9)
         metrics.update({
             "searcher/reward_mean": self.rewards_seen[-1] if self.rewards_seen else float("nan"),
             "searcher/samples_received": self.received,
@@ -326,7 +334,7 @@ class _Run:
             "buffer/online_fraction": float(np.mean([d.online for d in draws])),
             "staleness/mean": float(np.mean(staleness)),
             "staleness/max": float(np.max(staleness)),
-            "trainer/busy_fraction": (self.busy_s - busy_before) / loop_s,
+            "trainer/busy_fraction": self.busy_fraction(t_loop, busy_before),
             **stats,
         })
         metrics.update({  # the documented short names
@@ -341,7 +349,7 @@ class _Run:
 
     def summary(self, t_loop: float, busy_before: float) -> dict:
         window = max(1, len(self.rewards_seen) // 10)
-        stats = self.runtime.stats()
+        restarts, dropped = self.counters()
         return {
             "test_accuracy_start": self.evals[0][1],
             "test_accuracy_end": self.evals[-1][1],
@@ -353,15 +361,14 @@ class _Run:
             "trainer_steps": self.trainer.version,
             "skipped_steps": self.trainer.skipped_steps,
             "samples_generated": self.received,
-            "samples_dropped_bad_reward": stats.get("searcher/rewards_dropped", self.dropped_before),
-            "searcher_restarts": self.restarts_before + stats.get("searcher/restarts", 0),
+            "samples_dropped_bad_reward": dropped,
+            "searcher_restarts": restarts,
             "prompts_too_long": self.extra["prompts_too_long"],
             "prompts_truncated": self.extra["prompts_truncated"],
             "buffer_groups": self.buffer.groups_added,
             "buffer_evicted_prompts": self.buffer.evicted_prompts,
             "resumed_at_steps": self.resumed_at,
-            "trainer_busy_fraction": (self.busy_s - busy_before)
-            / max(time.perf_counter() - t_loop - self.eval_s, 1e-9),
+            "trainer_busy_fraction": self.busy_fraction(t_loop, busy_before),
             "objective": self.cfg.objective,
             "runtime": self.cfg.runtime,
             "mode": self.cfg.mode,

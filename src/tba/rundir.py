@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 RUN_FILES = ("buffer.sqlite", "buffer.sqlite-wal", "buffer.sqlite-shm", "checkpoints", "metrics.jsonl",
-             "metrics.interrupted.jsonl", "summary.json", "tensorboard", "checkpoint", "init", "reference")
+             "metrics.interrupted.jsonl", "summary.json", "tensorboard", "checkpoint", "init")
 
 
 class RunDirError(RuntimeError):

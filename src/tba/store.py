@@ -30,7 +30,6 @@ import numpy as np
 from tba.types import Group, Sample
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS prompts(prompt_id INTEGER PRIMARY KEY, tokens BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS groups(seq INTEGER PRIMARY KEY, prompt_id INTEGER NOT NULL, step INTEGER NOT NULL,
                                   time REAL NOT NULL);

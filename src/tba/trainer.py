@@ -68,9 +68,9 @@ class Trainer:
     def load_state(self, path, state: dict) -> None:
         """Continue from checkpoint `path` (tba.checkpoint): optimizer moments, counters, TBA′ reference.
         The policy weights were loaded with the model; LR and β are functions of the step."""
-        from tba.checkpoint import load
+        from tba.checkpoint import load_optimizer
 
-        load(path, optimizer=self.optimizer)
+        load_optimizer(path, self.optimizer, state["optimizer_param_groups"])
         self.version, self.skipped_steps = state["version"], state["skipped_steps"]
         if self.reference is not None and (path / "reference").is_dir():
             from tba.models import load_model

@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 
 from tba.config import RunConfig
-from tba.runtime.base import ModelSources, Runtime, SearcherError, default_threads
+from tba.runtime.base import ModelSources, Runtime, SearcherError, default_threads, restore_searcher
 
 
 def make_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, source: str | None, out_dir: Path,
@@ -28,8 +28,7 @@ def make_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, source: 
 
         searcher = Searcher(copy.deepcopy(policy), reference, tokenizer, task, cfg.search, seed=cfg.seed)
         searcher.version = version
-        if states and states[0]:
-            searcher.load_state_dict(states[0])
+        restore_searcher(searcher, states[0] if states else None)
         return InlineRuntime(searcher)
     if source is None:
         # the starting policy exists only in memory: write it once so other processes can load it

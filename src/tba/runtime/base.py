@@ -46,6 +46,13 @@ class Runtime(Protocol):
     def placement(self) -> list[dict]:
         """Where each searcher runs (rank, pid or Ray node id, host), for the run summary."""
 
+    def searcher_states(self) -> list[dict | None]:
+        """Each searcher's state as of the last batch received (prompt cursor, counters, RNG): for checkpoints."""
+
+    @property
+    def last_reward_error(self) -> str | None:
+        """The newest reward failure a searcher reported (the sample was dropped), for the log."""
+
     def stop(self) -> None:
         """Stop every searcher and release every process or daemon this runtime started."""
 
@@ -59,7 +66,6 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     """
     torch.set_num_threads(threads)
     from tba.build import build_task, fit_prompts, prompt_limit
-    from tba.checkpoint import set_rng_state
     from tba.config import from_dict
     from tba.models import load_model, load_tokenizer
     from tba.searcher import Searcher
@@ -73,11 +79,20 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     searcher = Searcher(policy, reference, tokenizer, task, cfg.search, seed=cfg.seed + 1000 * (rank + 1),
                         shard=rank, num_shards=cfg.search.num_searchers)
     searcher.version = version
-    if state:
-        searcher.load_state_dict(state)
-        if "rng" in state:
-            set_rng_state(state["rng"])
+    restore_searcher(searcher, state)
     return searcher
+
+
+def restore_searcher(searcher, state: dict | None) -> None:
+    """Continue `searcher` from a reported state: prompt cursor and counters, and its process's RNG if
+    the state carries one (workers do; the inline searcher shares the trainer's RNG, saved with it)."""
+    if not state:
+        return
+    searcher.load_state_dict(state)
+    if "rng" in state:
+        from tba.checkpoint import set_rng_state
+
+        set_rng_state(state["rng"])
 
 
 def worker_state(searcher) -> dict:
@@ -99,6 +114,11 @@ def aggregate_stats(per_searcher: list[dict]) -> dict[str, float]:
         "sync/searcher_load_s": sum(x["sync_s"] for x in s),
         "searcher/rewards_dropped": sum(x["state"]["rewards_dropped"] for x in s),
     }
+
+
+def newest_reward_error(per_searcher: list[dict]) -> str | None:
+    """A reward failure from the searchers' latest reports (lowest rank first), None if there is none."""
+    return next((x["reward_error"] for x in per_searcher if x.get("reward_error")), None)
 
 
 def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:

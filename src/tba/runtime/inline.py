@@ -22,7 +22,7 @@ class InlineRuntime:
         pass
 
     @property
-    def reward_error(self) -> str | None:
+    def last_reward_error(self) -> str | None:
         return self.searcher.last_reward_error
 
     def collect(self, block: bool = True) -> list[Group]:
@@ -50,6 +50,8 @@ class InlineRuntime:
 
 class OfflineRuntime:
     """No searchers at all: the loop trains on whatever the buffer was restored with (runtime=offline)."""
+
+    last_reward_error = None
 
     def start(self) -> None:
         pass

@@ -38,6 +38,7 @@ from tba.runtime.base import (
     aggregate_stats,
     build_searcher,
     flatten,
+    newest_reward_error,
     unflatten_into,
     worker_state,
 )
@@ -200,6 +201,10 @@ class LocalRuntime:
     def searcher_states(self) -> list[dict | None]:
         """Each searcher's state as of the last batch the trainer received (for checkpoints)."""
         return list(self._states)
+
+    @property
+    def last_reward_error(self) -> str | None:
+        return newest_reward_error(list(self._stats.values()))
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
         flat = flatten(weights)

@@ -23,7 +23,15 @@ import time
 import torch
 
 from tba.config import RunConfig, to_dict
-from tba.runtime.base import ModelSources, SearcherError, aggregate_stats, build_searcher, worker_state
+from tba.runtime.base import (
+    ModelSources,
+    SearcherError,
+    aggregate_stats,
+    build_searcher,
+    newest_reward_error,
+    restore_searcher,
+    worker_state,
+)
 from tba.types import Group
 
 try:
@@ -40,11 +48,7 @@ class _SearcherActor:
 
     def restore(self, state: dict | None) -> None:
         """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`."""
-        if state:
-            from tba.checkpoint import set_rng_state
-
-            self.searcher.load_state_dict(state)
-            set_rng_state(state["rng"])
+        restore_searcher(self.searcher, state)
 
     def ready(self) -> dict:
         import socket
@@ -223,6 +227,10 @@ class RayRuntime:
 
     def searcher_states(self) -> list[dict | None]:
         return list(self._states)
+
+    @property
+    def last_reward_error(self) -> str | None:
+        return newest_reward_error(list(self._stats.values()))
 
     def placement(self) -> list[dict]:
         return self._placement
