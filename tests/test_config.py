@@ -52,3 +52,32 @@ def test_ray_runtime_without_ray_is_a_config_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(ConfigError, match="pip install 'tba\\[ray\\]'"):
         load_config(None, ["runtime=ray"])
+
+
+def test_dotted_overrides_reach_into_task_options():
+    cfg = load_config(None, ["task.options.victim=/models/v", "task.options.nested.k=3"])
+    assert cfg.task.options == {"victim": "/models/v", "nested": {"k": 3}}
+    cfg = load_config(None, ["task.options={a: 1}", "task.options.b=2"])
+    assert cfg.task.options == {"a": 1, "b": 2}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.device=gpu0", "model.device: must be cpu, cuda, cuda:N or auto"),
+    ("search.device=cuda:1,tpu", "search.device: must be"),
+    ("eval.samples_per_prompt=-1", "eval.samples_per_prompt: must be ≥ 0"),
+    ("model.lora.r=0", "model.lora.r: must be > 0"),
+])
+def test_device_eval_and_lora_values_are_checked(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_a_cuda_device_without_a_gpu_says_so(monkeypatch):
+    import torch
+
+    from tba.models import ModelLoadError, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto").type == "cpu"
+    with pytest.raises(ModelLoadError, match="no CUDA GPU"):
+        resolve_device("cuda:1")

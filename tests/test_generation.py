@@ -102,3 +102,16 @@ def test_response_logprobs_do_not_depend_on_batch_composition(tiny_model, tiny_t
     torch.testing.assert_close(batched[1, :2], alone[0], atol=1e-5, rtol=0)
     assert mask[1].tolist() == [1, 1, 0, 0, 0, 0, 0] and mask[2].tolist() == [1, 1, 0, 0, 0, 0, 0]
     assert torch.all(batched[mask == 0] == 0)  # padded positions hold exactly 0
+
+
+def test_logits_are_computed_only_from_the_earliest_response_on_and_still_match(tiny_model, prompts):
+    """response_logits asks the model for the last L − (shortest prompt − 1) positions only; rows whose prompts
+    are longer must still read the right positions."""
+    batch = [(list(range(3, 6)), [7, 8]), (list(range(3, 12)), [9, 4, 5]), (list(range(3, 8)), [6])]
+    assert len({len(p) for p, _ in batch}) == 3
+    with torch.no_grad():
+        together, _ = response_logprobs(tiny_model, [p for p, _ in batch], [r for _, r in batch], 1.0, pad_id=0)
+        for i, (p, r) in enumerate(batch):
+            full = torch.log_softmax(tiny_model(torch.tensor([p + r])).logits[0], -1)
+            expected = torch.stack([full[len(p) - 1 + t, tok] for t, tok in enumerate(r)])
+            torch.testing.assert_close(together[i, :len(r)], expected, atol=1e-5, rtol=0)

@@ -6,13 +6,21 @@ import copy
 import dataclasses
 
 from tba.config import RunConfig
-from tba.models import build_tiny_model, load_model, load_tokenizer, resolve_source, train_tokenizer
+from tba.models import apply_lora, build_tiny_model, load_model, load_tokenizer, resolve_source, train_tokenizer
+
+FACTORIES = {"tldr": "tba.tasks.tldr:TLDRTask", "redteam": "tba.tasks.redteam:RedTeamTask"}
 
 
 def build_task(cfg: RunConfig, tokenizer=None):
     """The configured task; with `task.chat_template` its prompts are wrapped by `tokenizer`'s chat template."""
     t = cfg.task
-    if ":" in t.name:
+    if t.name in FACTORIES:  # built-in tasks whose reward is a model: their factories take the options too
+        from tba.tasks.base import load_custom_task
+
+        sizes = {"source": t.source, "train_size": t.train_size, "test_size": t.test_size}
+        task = load_custom_task(FACTORIES[t.name], {**{k: v for k, v in sizes.items() if v is not None},
+                                                    **(t.options or {})})
+    elif ":" in t.name:
         from tba.tasks.base import load_custom_task
 
         task = load_custom_task(t.name, t.options or {})
@@ -105,4 +113,6 @@ def build_models(cfg: RunConfig, task, log=print):
         tokenizer, policy = load_tokenizer(source), load_model(source, m.dtype)
     reference = load_model(m.reference, m.dtype) if m.reference else copy.deepcopy(policy)
     reference.eval().requires_grad_(False)
+    if m.lora.enabled:
+        policy = apply_lora(policy, m.lora)
     return tokenizer, policy, reference, source

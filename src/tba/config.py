@@ -28,11 +28,11 @@ class ConfigError(ValueError):
 @dataclass
 class TaskConfig:
     name: str = "arith"
-    """Task: `arith` (offline, reasoning-gym), `gsm8k`, or your own: `package.module:factory` or
-    `path/to/file.py:factory`, a function called as factory(**task.options) that returns a Task
-    (docs/tasks.md)."""
+    """Task: `arith` (offline, reasoning-gym), `gsm8k`, `tldr`, `redteam`, or your own:
+    `package.module:factory` or `path/to/file.py:factory`, a function called as factory(**task.options)
+    that returns a Task (docs/tasks.md)."""
     options: dict | None = None
-    """Keyword arguments for a custom task's factory."""
+    """Keyword arguments for the task's factory (tldr: reward models; redteam: victim, classifier; custom)."""
     source: str | None = None
     """gsm8k: hub name (default openai/gsm8k) or a local jsonl/parquet file or directory."""
     digits: int = 3
@@ -67,6 +67,19 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Train low-rank adapters (PEFT LoRA) instead of every weight; only the adapters are optimised,
+    published to searchers and checkpointed. The reference π_ref is the base model (adapters off)."""
+
+    enabled: bool = False
+    r: int = 32
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: str = "all-linear"
+    """Comma-separated module names (e.g. q_proj,v_proj) or all-linear."""
+
+
+@dataclass
 class ModelConfig:
     policy: str = "builtin"
     """Hub name, local directory (save_pretrained layout), or `builtin` (tiny model built from a config)."""
@@ -74,6 +87,9 @@ class ModelConfig:
     """Reference model π_ref. None = the policy's starting weights (after the SFT warm start)."""
     dtype: str = "float32"
     """float32 | bfloat16 | float16."""
+    device: str = "cpu"
+    """Where the trainer's policy and reference live: cpu | cuda | cuda:N | auto (cuda if available)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -114,6 +130,10 @@ class SearchConfig:
     """ray: GPUs each searcher actor declares."""
     resources: dict | None = None
     """ray: custom resources each searcher actor requires, e.g. {searcher: 1} to pin them to tagged nodes."""
+    device: str | None = None
+    """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
+    item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
+    Ray each actor sees the GPUs it declared (search.num_gpus) and `cuda` means its own."""
     fail_after_batches: int | None = None
     """Fault injection for tests and drills: each searcher raises after this many batches. None = never."""
     max_restarts: int = 3
@@ -215,6 +235,14 @@ class EvalConfig:
     """Greedy pass@1 on the held-out prompts every N trainer steps (and at start and end)."""
     max_new_tokens: int = 32
     batch_size: int = 256
+    """Sequences per generation call (prompts × samples)."""
+    samples_per_prompt: int = 0
+    """0 = one greedy completion per held-out prompt (pass@1). n > 0 = n completions sampled at
+    eval.temperature (tasks whose metric is about the distribution, e.g. red-teaming)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    reference_metrics: bool = False
+    """Also report KL(π_ref ‖ π_θ) per token and the perplexity under π_ref (the TL;DR paper's metrics)."""
 
 
 @dataclass
@@ -254,6 +282,7 @@ class RunConfig:
     ray: RayConfig = field(default_factory=RayConfig)
 
 
+BUILTIN_TASKS = ("arith", "gsm8k", "tldr", "redteam")
 CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "objective": ("tb", "dr_grpo", "rloo", "online_dpo", "tba_prime"),
@@ -268,9 +297,10 @@ POSITIVE = {
     "search.max_new_tokens", "search.temperature", "buffer.capacity_per_prompt", "eval.every_steps",
     "eval.max_new_tokens", "eval.batch_size", "tb.beta_init", "tb.beta_final", "sft.batch_size", "task.digits",
     "search.num_searchers", "search.ready_timeout_s", "search.collect_timeout_s", "checkpoint.keep",
+    "eval.temperature", "model.lora.r", "model.lora.alpha",
 }
 POSITIVE_OR_NONE = {"task.max_prompt_tokens", "buffer.max_samples", "checkpoint.every_steps"}
-PROBABILITY = {"buffer.online_prob", "task.teacher_slip_prob", "search.top_p"}
+PROBABILITY = {"buffer.online_prob", "task.teacher_slip_prob", "search.top_p", "eval.top_p", "model.lora.dropout"}
 
 DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "arith_tiny_cpu.yaml"
 
@@ -335,6 +365,16 @@ def _apply(obj, key: str, value, prefix: str = "") -> None:
         else:
             raise ConfigError(f"{full}: is a section; expected a mapping, got {value!r}")
         return
+    if rest and hints[head] in (dict, dict | None):  # a free-form mapping (task.options): set one entry
+        mapping = dict(current or {})
+        node = mapping
+        *parents, leaf = rest.split(".")
+        for part in parents:
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node[leaf] = value
+        setattr(obj, head, mapping)
+        return
     if rest:
         raise ConfigError(f"unknown config key '{full}.{rest}' ('{full}' is not a section)")
     setattr(obj, head, _coerce(full, value, hints[head]))
@@ -349,8 +389,17 @@ def _validate(cfg: RunConfig) -> None:
             node = node[part]
         return node
 
-    if cfg.task.name not in ("arith", "gsm8k") and ":" not in cfg.task.name:
-        raise ConfigError(f"task.name: must be arith, gsm8k or module:factory (a custom task), got {cfg.task.name!r}")
+    if cfg.task.name not in BUILTIN_TASKS and ":" not in cfg.task.name:
+        raise ConfigError(f"task.name: must be one of {', '.join(BUILTIN_TASKS)} or module:factory (a custom "
+                          f"task), got {cfg.task.name!r}")
+    for key, devices in (("model.device", cfg.model.device), ("search.device", cfg.search.device or "cpu")):
+        for device in devices.split(","):
+            if device.strip() != "auto" and device.strip().split(":")[0] not in ("cpu", "cuda", "mps", "xpu"):
+                raise ConfigError(f"{key}: must be cpu, cuda, cuda:N or auto (search.device: or a comma list), "
+                                  f"got {devices!r}")
+    if cfg.model.lora.enabled and cfg.objective == "tba_prime":
+        raise ConfigError("model.lora.enabled: not supported with objective=tba_prime (its reference reset "
+                          "copies full weights)")
     for key, allowed in CHOICES.items():
         if get(key) not in allowed:
             raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {get(key)!r}")
@@ -360,8 +409,9 @@ def _validate(cfg: RunConfig) -> None:
     for key in POSITIVE_OR_NONE:
         if get(key) is not None and get(key) <= 0:
             raise ConfigError(f"{key}: must be > 0 or null, got {get(key)!r}")
-    if cfg.search.max_restarts < 0:
-        raise ConfigError(f"search.max_restarts: must be ≥ 0, got {cfg.search.max_restarts}")
+    for key in ("search.max_restarts", "eval.samples_per_prompt"):
+        if get(key) < 0:
+            raise ConfigError(f"{key}: must be ≥ 0, got {get(key)}")
     if cfg.runtime == "offline" and not cfg.buffer.source:
         raise ConfigError("buffer.source: runtime=offline trains on a saved buffer; give its run directory")
     for key in PROBABILITY:

@@ -1,26 +1,114 @@
-"""Held-out evaluation: greedy pass@1, independent of the runtime."""
+"""Held-out evaluation, independent of the runtime: the task's mean reward plus whatever else it measures.
+
+By default one greedy completion per test prompt, so `score` is greedy pass@1 for a 0/1 verifier. A task
+whose metric is a property of the *distribution* of completions (red-teaming: attack success rate and
+diversity over sampled attacks) sets `eval.samples_per_prompt` and an `eval.temperature` instead. Tasks may
+add metrics through `eval_metrics` (TL;DR: win rate against the reference summaries under a gold reward
+model), and `eval.reference_metrics` adds the two distances to π_ref the TL;DR paper reports.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
-from tba.generation import generate
-from tba.tasks.base import Prompt, accuracy
+from tba.generation import generate, response_logits
+from tba.tasks.base import Prompt, batch_rewards
+
+
+@dataclass
+class Completions:
+    """Flat list of evaluation completions; prompts[i] is the prompt of completion i."""
+
+    prompts: list[Prompt]
+    prompt_tokens: list[list[int]]
+    responses: list[list[int]]
+    texts: list[str]
+    finished: list[bool]
 
 
 @torch.no_grad()
-def greedy_completions(model, tokenizer, prompts: list[Prompt], max_new_tokens: int, batch_size: int) -> list[str]:
+def complete(model, tokenizer, prompts: list[Prompt], *, max_new_tokens: int, batch_size: int,
+             samples_per_prompt: int = 0, temperature: float = 1.0, top_p: float = 1.0) -> Completions:
+    """Greedy (samples_per_prompt = 0: one per prompt) or sampled completions of `prompts`."""
     was_training = model.training
     model.eval()
-    texts = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = [tokenizer(p.text)["input_ids"] for p in prompts[start:start + batch_size]]
-        out = generate(model, chunk, greedy=True, max_new_tokens=max_new_tokens,
-                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-        texts.extend(tokenizer.batch_decode([r for r, _ in out], skip_special_tokens=True))
+    n = max(samples_per_prompt, 1)
+    chunk_size = max(1, batch_size // n)
+    out = Completions([], [], [], [], [])
+    for start in range(0, len(prompts), chunk_size):
+        chunk = prompts[start:start + chunk_size]
+        tokens = [tokenizer(p.text)["input_ids"] for p in chunk]
+        results = generate(model, tokens, greedy=samples_per_prompt == 0, num_samples=n, temperature=temperature,
+                           top_p=top_p, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+                           pad_id=tokenizer.pad_token_id, logprobs=False)
+        responses = [r for r, _ in results]
+        out.prompts += [p for p in chunk for _ in range(n)]
+        out.prompt_tokens += [t for t in tokens for _ in range(n)]
+        out.responses += responses
+        out.texts += tokenizer.batch_decode(responses, skip_special_tokens=True)
+        out.finished += [bool(r) and r[-1] == tokenizer.eos_token_id for r in responses]
     model.train(was_training)
-    return texts
+    return out
+
+
+@torch.no_grad()
+def reference_metrics(policy, reference, c: Completions, pad_id: int, batch_size: int = 16) -> dict[str, float]:
+    """The TL;DR paper's two distances of the policy's completions to π_ref (both at temperature 1):
+
+    kl_ref:         Σ_tokens Σ_v π_ref(v) (log π_ref(v) − log π_θ(v)) / Σ_tokens 1, i.e. the full-vocabulary
+                    KL(π_ref ‖ π_θ) per response token, token-weighted over all completions.
+    perplexity_ref: mean over completions of exp( −Σ_{response t} log π_ref(y_t) / (prompt + response length) ).
+                    The denominator counts *all* attended tokens, prompt included — the quirk of the code the
+                    paper's Table 1 numbers come from (values are pushed toward 1); reproduced so they compare.
+    """
+    was_training = policy.training
+    policy.eval()
+    kl_sum, tokens, perplexities = 0.0, 0.0, []
+    for start in range(0, len(c.responses), batch_size):
+        prompts, responses = c.prompt_tokens[start:start + batch_size], c.responses[start:start + batch_size]
+        logits, targets, mask = response_logits(policy, prompts, responses, pad_id)
+        logp = torch.log_softmax(logits, -1)  # [N, R, V]
+        del logits
+        ref_logits, _, _ = response_logits(reference, prompts, responses, pad_id)
+        ref_logp = torch.log_softmax(ref_logits.to(logp.device), -1)  # [N, R, V]
+        del ref_logits
+        kl_tok = (ref_logp.exp() * (ref_logp - logp)).sum(-1)  # [N, R]  KL(π_ref ‖ π_θ) at each position
+        kl_sum += (kl_tok * mask).sum().item()
+        tokens += mask.sum().item()
+        nll = -(ref_logp.gather(-1, targets[..., None]).squeeze(-1) * mask).sum(-1)  # [N]
+        attended = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)],
+                                device=nll.device)
+        perplexities += torch.exp(nll / attended).tolist()
+    policy.train(was_training)
+    return {"kl_ref": kl_sum / max(tokens, 1.0), "perplexity_ref": sum(perplexities) / max(len(perplexities), 1)}
+
+
+def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None) -> dict[str, float]:
+    """{score: mean reward of the evaluation completions, **task.eval_metrics, **reference_metrics}.
+
+    `cfg` is an EvalConfig. A reward that raises or is not finite scores 0 here: evaluation must not stop a
+    run (the searchers count such failures).
+    """
+    if not prompts:
+        return {"score": math.nan}
+    c = complete(policy, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                 samples_per_prompt=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p)
+    values, _ = batch_rewards(task, c.prompts, c.texts, c.finished)
+    metrics = {"score": sum(v or 0.0 for v in values) / len(values)}
+    extra = getattr(task, "eval_metrics", None)
+    if extra is not None:
+        metrics.update({k: float(v) for k, v in extra(c.prompts, c.texts, c.finished).items()})
+    if cfg.reference_metrics and reference is not None:
+        metrics.update(reference_metrics(policy, reference, c, tokenizer.pad_token_id))
+    return metrics
 
 
 def greedy_accuracy(model, tokenizer, task, prompts: list[Prompt], max_new_tokens: int, batch_size: int) -> float:
-    return accuracy(task, prompts, greedy_completions(model, tokenizer, prompts, max_new_tokens, batch_size))
+    """Greedy pass@1: the mean reward of one greedy completion per prompt."""
+    c = complete(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    values, _ = batch_rewards(task, c.prompts, c.texts, c.finished)
+    return sum(v or 0.0 for v in values) / len(values) if values else math.nan
+

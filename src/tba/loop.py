@@ -35,9 +35,9 @@ from tba.buffer import ReplayBuffer
 from tba.build import apply_chat_template, build_models, build_task, fit_prompts, prompt_limit
 from tba.checkpoint import CheckpointError
 from tba.config import RunConfig, save_config
-from tba.evaluate import greedy_accuracy
+from tba.evaluate import evaluate
 from tba.metrics import MetricsLogger
-from tba.models import load_model, load_tokenizer, num_parameters, save_checkpoint
+from tba.models import load_model, load_tokenizer, num_parameters, resolve_device, save_checkpoint
 from tba.progress import RunProgress
 from tba.runtime import make_runtime
 from tba.runtime.base import default_threads
@@ -95,6 +95,8 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
 
     task = build_task(cfg)
     tokenizer, policy, reference, source, ref_source = _models(cfg, task, out, resume_from, state, log)
+    device = resolve_device(cfg.model.device)
+    policy, reference = policy.to(device), reference.to(device)
     if cfg.task.chat_template:
         apply_chat_template(task, tokenizer)
     limit = prompt_limit(cfg, policy)
@@ -103,7 +105,8 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
         log(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
             f"{'truncated' if cfg.task.long_prompts == 'truncate' else 'skipped'} (task.long_prompts)")
     log(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
-        f"policy {num_parameters(policy) / 1e6:.2f}M params; runtime {cfg.runtime}, mode {cfg.mode}")
+        f"policy {num_parameters(policy) / 1e6:.2f}M params{_trainable(policy)} on {device}; "
+        f"runtime {cfg.runtime}, mode {cfg.mode}")
     trainer = Trainer(policy, cfg.trainer, cfg.tb, objective=cfg.objective, temperature=cfg.search.temperature,
                       pad_id=tokenizer.pad_token_id, baselines=cfg.baselines, max_tokens=cfg.search.max_new_tokens,
                       reference=copy.deepcopy(reference) if cfg.objective == "tba_prime" else None)
@@ -121,7 +124,7 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
     if resume_from is not None:
         ckpt.set_rng_state(state["rng"])  # last: nothing above may consume random numbers after this
     run = _Run(cfg, out, task, tokenizer, policy, buffer, trainer, runtime, logger, log, t_run, state,
-               {**fitted, "reference_source": ref_source, "policy_source": source})
+               {**fitted, "reference_source": ref_source, "policy_source": source, "reference": reference})
     try:
         summary = run.loop()
     finally:
@@ -130,6 +133,11 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
     summary["checkpoint"] = str(out / "checkpoint")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _trainable(model) -> str:
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return "" if n == num_parameters(model) else f" ({n / 1e6:.2f}M trainable, LoRA)"
 
 
 def _buffer(cfg: RunConfig, out: Path, resume_from, state: dict, log) -> ReplayBuffer:
@@ -186,7 +194,8 @@ class _Run:
         self.t_run, self.extra = t_run, extra
         loop = state.get("loop", {})
         self.step = state.get("step", 0)
-        self.evals = [tuple(e) for e in loop.get("evals", [])]  # (step, accuracy, training seconds so far)
+        self.evals = [tuple(e) for e in loop.get("evals", [])]  # (step, score, training seconds so far)
+        self.eval_details = loop.get("eval_details", [])  # [step, {metric: value}], every evaluation
         self.rewards_seen = loop.get("rewards_seen", [])
         self.received = loop.get("received", 0)
         self.busy_s = loop.get("busy_s", 0.0)
@@ -201,8 +210,17 @@ class _Run:
         self.warned_dropped = 0
 
     def evaluate(self) -> float:
-        c = self.cfg.eval
-        return greedy_accuracy(self.policy, self.tokenizer, self.task, self.task.test, c.max_new_tokens, c.batch_size)
+        """Evaluate on the held-out prompts; record every metric, return the score (mean reward)."""
+        metrics = evaluate(self.policy, self.tokenizer, self.task, self.task.test, self.cfg.eval,
+                           reference=self.extra["reference"])
+        self.eval_details.append([self.step, metrics])
+        return metrics["score"]
+
+    def describe_eval(self) -> str:
+        metrics = self.eval_details[-1][1]
+        if len(metrics) == 1 and self.cfg.eval.samples_per_prompt == 0:
+            return f"test accuracy (greedy pass@1, {len(self.task.test)} problems) {metrics['score']:.3f}"
+        return "eval " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
     def train_s(self) -> float:
         return self.train_s_before + time.perf_counter() - self.t_train - self.eval_s
@@ -223,7 +241,8 @@ class _Run:
             "version": self.trainer.version, "skipped_steps": self.trainer.skipped_steps,
             "buffer": self.buffer.state_dict(), "searchers": self.runtime.searcher_states(),
             "reference_source": self.extra["reference_source"], "policy_source": self.extra["policy_source"],
-            "loop": {"evals": self.evals, "rewards_seen": self.rewards_seen, "received": self.received,
+            "loop": {"evals": self.evals, "eval_details": self.eval_details, "rewards_seen": self.rewards_seen,
+                     "received": self.received,
                      "busy_s": self.busy_s, "train_s": self.train_s(),
                      "wall_s": self.wall_before + time.perf_counter() - self.t_run, "resumed_at": self.resumed_at,
                      "restarts": restarts, "rewards_dropped": dropped},
@@ -253,7 +272,7 @@ class _Run:
         if not self.evals:
             self.t_train = time.perf_counter()
             self.evals = [(0, self.evaluate(), 0.0)]
-            self.log(f"test accuracy at start (greedy pass@1, {len(self.task.test)} problems): {self.evals[0][1]:.3f}")
+            self.log(f"at start: {self.describe_eval()}")
         runtime.start()  # searchers run from here on (async: continuously)
         self.started = True
         self.t_train = time.perf_counter()  # eval_s: evaluation time inside the loop, excluded from train_s
@@ -313,8 +332,9 @@ class _Run:
             t_eval = time.perf_counter()
             self.evals.append((self.step, self.evaluate(), self.train_s()))
             self.eval_s += time.perf_counter() - t_eval
-            self.log(f"step {self.step}: test accuracy {self.evals[-1][1]:.3f}")
+            self.log(f"step {self.step}: {self.describe_eval()}")
             metrics["eval/test_accuracy"] = self.evals[-1][1]
+            metrics.update({f"eval/{k}": v for k, v in self.eval_details[-1][1].items() if k != "score"})
         stats = runtime.stats()
         dropped = stats.get("searcher/rewards_dropped", 0)
         if dropped > self.warned_dropped:
@@ -354,6 +374,8 @@ class _Run:
             "test_accuracy_start": self.evals[0][1],
             "test_accuracy_end": self.evals[-1][1],
             "test_problems": len(self.task.test),
+            "eval_start": self.eval_details[0][1] if self.eval_details else {},
+            "eval_end": self.eval_details[-1][1] if self.eval_details else {},
             "train_reward_start": float(np.mean(self.rewards_seen[:window])) if self.rewards_seen else float("nan"),
             "train_reward_end": float(np.mean(self.rewards_seen[-window:])) if self.rewards_seen else float("nan"),
             "wall_clock_s": self.wall_before + time.perf_counter() - self.t_run,

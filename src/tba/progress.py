@@ -35,7 +35,7 @@ class RunProgress:
         self._progress.stop()
 
     def update(self, step: int, *, reward: float, accuracy: float, beta: float, tokens_per_s: float) -> None:
-        info = f"reward {reward:.3f} · test acc {accuracy:.3f} · β {beta:.4g} · {tokens_per_s:,.0f} tok/s"
+        info = f"reward {reward:.3f} · eval {accuracy:.3f} · β {beta:.4g} · {tokens_per_s:,.0f} tok/s"
         self._progress.update(self._task, completed=step, info=info)
 
 
@@ -46,8 +46,15 @@ def print_summary(summary: dict) -> None:
     table.add_column("end", justify="right")
     table.add_column("change", justify="right")
     a0, a1 = summary["test_accuracy_start"], summary["test_accuracy_end"]
-    table.add_row(f"test accuracy (greedy pass@1, n={summary['test_problems']})", f"{a0:.1%}", f"{a1:.1%}",
-                  f"{(a1 - a0) * 100:+.1f} pts")
+    start, end = summary.get("eval_start") or {}, summary.get("eval_end") or {}
+    if set(start) - {"score"}:  # a task with its own metrics (win rate, attack success...): mean reward + those
+        table.add_row(f"eval: mean reward (n={summary['test_problems']} prompts)", f"{a0:.4g}", f"{a1:.4g}",
+                      f"{a1 - a0:+.4g}")
+        for key in sorted(set(start) & set(end) - {"score"}):
+            table.add_row(f"eval: {key}", f"{start[key]:.4g}", f"{end[key]:.4g}", f"{end[key] - start[key]:+.4g}")
+    else:
+        table.add_row(f"test accuracy (greedy pass@1, n={summary['test_problems']})", f"{a0:.1%}", f"{a1:.1%}",
+                      f"{(a1 - a0) * 100:+.1f} pts")
     r0, r1 = summary["train_reward_start"], summary["train_reward_end"]
     table.add_row("train reward (T-sampled, first/last 10%)", f"{r0:.3f}", f"{r1:.3f}", f"{r1 - r0:+.3f}")
     table.add_row("trainer steps / samples generated", "", f"{summary['trainer_steps']} / "

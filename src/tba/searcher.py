@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import random
 import time
-import traceback
 
 import torch
 
 from tba.config import SearchConfig
 from tba.generation import generate, response_logprobs
-from tba.tasks.base import Prompt, Task, checked_reward
+from tba.models import load_synced
+from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.types import Group, Sample
 
 
@@ -55,17 +55,8 @@ class Searcher:
         self.batches, self.samples_generated = state["batches"], state["samples_generated"]
         self.tokens_generated, self.rewards_dropped = state["tokens_generated"], state["rewards_dropped"]
 
-    def _reward(self, prompt: Prompt, text: str) -> float | None:
-        """The task's reward, or None (sample dropped, counted) if it raises or is not finite."""
-        try:
-            return checked_reward(self.task, prompt, text)
-        except Exception:
-            self.rewards_dropped += 1
-            self.last_reward_error = f"prompt {prompt.id}: {traceback.format_exc(limit=-2).strip()}"
-            return None
-
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.policy.load_state_dict(state_dict)
+        load_synced(self.policy, state_dict)
         self.version = version
 
     def _next_prompts(self) -> list[Prompt]:
@@ -100,12 +91,17 @@ class Searcher:
         ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.cfg.temperature,
                                         tok.pad_token_id)  # [N, R]
         texts = tok.batch_decode(responses, skip_special_tokens=True)
+        finished = [bool(r) and r[-1] == tok.eos_token_id for r in responses]
+        rewards, error = batch_rewards(self.task, [p for p in prompts for _ in range(s)], texts, finished)
+        if error is not None:
+            self.rewards_dropped += sum(r is None for r in rewards)
+            self.last_reward_error = error
         groups = []
         for i, prompt in enumerate(prompts):
             samples = []
             for j in range(i * s, (i + 1) * s):
                 resp, behaviour = outputs[j]
-                reward = self._reward(prompt, texts[j])
+                reward = rewards[j]
                 if reward is None:
                     continue
                 samples.append(Sample(

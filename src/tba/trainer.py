@@ -17,6 +17,7 @@ import torch
 from tba.buffer import Draw
 from tba.config import BaselineConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
+from tba.models import synced_tensors
 from tba.objectives import USES_BEHAVIOUR_LOGPROBS, objective_loss
 from tba.objectives.tb import beta_at
 
@@ -40,11 +41,11 @@ def lr_factor(step: int, cfg: TrainerConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(into_decay / cfg.decay_steps, 1.0)))
 
 
-def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
+def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     out = torch.zeros(len(rows), width)  # [N, R]
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r[:width])
-    return out
+    return out.to(device)
 
 
 class Trainer:
@@ -56,7 +57,8 @@ class Trainer:
         # TBA′ resets its reference to the current policy every ρ steps, so it scores π_ref itself
         self.reference = reference if objective == "tba_prime" else None
         self.temperature, self.pad_id = temperature, pad_id
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self.skipped_steps = 0
@@ -78,7 +80,8 @@ class Trainer:
             self.reference.load_state_dict(load_model(str(path / "reference")).state_dict())
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """CPU copies of what searchers load: the state dict, or a LoRA policy's adapter weights."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in synced_tensors(self.model).items()}
 
     def step(self, draws: list[Draw]) -> dict[str, float]:
         """One update on B prompt groups. Returns metrics; a non-finite loss or gradient skips the update."""
@@ -96,18 +99,18 @@ class Trainer:
             prompts = [d.prompt_tokens for d in micro for _ in d.samples]
             responses = [s.response for d in micro for s in d.samples]
             logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
-            width = logp_tok.shape[1]
+            width, device = logp_tok.shape[1], logp_tok.device
             if self.reference is not None:
                 with torch.no_grad():
                     ref_tok, _ = response_logprobs(self.reference, prompts, responses, self.temperature, self.pad_id)
             else:
-                ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width)  # [N, R]
+                ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width, device)  # [N, R]
             behaviour_tok = None  # only the ratio-based baselines read the searcher's behaviour log-probs
             if self.objective in USES_BEHAVIOUR_LOGPROBS:
                 behaviour_tok = _padded([s.behaviour_logprobs or [0.0] * len(s.response)
-                                         for d in micro for s in d.samples], width)  # [N, R]
-            reward = torch.tensor([s.reward for d in micro for s in d.samples])  # [N]
-            group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples])  # [N]
+                                         for d in micro for s in d.samples], width, device)  # [N, R]
+            reward = torch.tensor([s.reward for d in micro for s in d.samples], device=device)  # [N]
+            group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
             loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,
                                   behaviour_logp=behaviour_tok, reward=reward, group=group, beta=beta,
                                   cfg=self.baselines, max_tokens=self.max_tokens) * (len(responses) / n_total)

@@ -22,7 +22,7 @@ def vargrad_log_z(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tens
     """Per-sequence detached log Ẑ of its prompt group, shape [N]."""
     _, inverse = torch.unique(group, return_inverse=True)  # [N] → group index
     target = (reward / beta - logp + ref_logp).detach()  # r/β − log π_θ + log π_ref
-    sums = torch.zeros(int(inverse.max()) + 1, dtype=target.dtype).index_add_(0, inverse, target)
+    sums = torch.zeros(int(inverse.max()) + 1, dtype=target.dtype, device=target.device).index_add_(0, inverse, target)
     counts = torch.bincount(inverse).to(target.dtype)
     return (sums / counts)[inverse]
 

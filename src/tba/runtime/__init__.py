@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 
 from tba.config import RunConfig
+from tba.models import synced_tensors
 from tba.runtime.base import ModelSources, Runtime, SearcherError, default_threads, restore_searcher
 
 
@@ -39,13 +40,14 @@ def make_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, source: 
     sources = ModelSources(policy=source, reference=reference_source or cfg.model.reference or source,
                            tokenizer=source)
     kwargs = {"version": version, "states": states, "log": log}
+    initial = {k: v.detach().cpu() for k, v in synced_tensors(policy).items()}
     if cfg.runtime == "local":
         from tba.runtime.local import LocalRuntime
 
-        return LocalRuntime(cfg, sources, policy.state_dict(), threads, **kwargs)
+        return LocalRuntime(cfg, sources, initial, threads, **kwargs)
     from tba.runtime.ray import RayRuntime
 
-    return RayRuntime(cfg, sources, policy.state_dict(), threads, **kwargs)
+    return RayRuntime(cfg, sources, initial, threads, **kwargs)
 
 
 __all__ = ["ModelSources", "Runtime", "SearcherError", "make_runtime"]

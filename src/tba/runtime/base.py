@@ -67,12 +67,19 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     torch.set_num_threads(threads)
     from tba.build import build_task, fit_prompts, prompt_limit
     from tba.config import from_dict
-    from tba.models import load_model, load_tokenizer
+    from tba.models import apply_lora, load_model, load_tokenizer, resolve_device
     from tba.searcher import Searcher
 
     cfg = from_dict(cfg_dict)
+    devices = (cfg.search.device or cfg.model.device).split(",")
+    device = resolve_device(devices[rank % len(devices)].strip())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # so that `cuda` in task options (reward models) means this GPU too
     policy = load_model(sources.policy, cfg.model.dtype)
-    reference = load_model(sources.reference, cfg.model.dtype)
+    if cfg.model.lora.enabled and not getattr(policy, "peft_config", None):
+        policy = apply_lora(policy, cfg.model.lora)  # adapters: the trainer's arrive with the first weights
+    policy = policy.to(device)
+    reference = load_model(sources.reference, cfg.model.dtype).to(device)
     tokenizer = load_tokenizer(sources.tokenizer)
     task = build_task(cfg, tokenizer)
     fit_prompts(task, tokenizer, prompt_limit(cfg, policy), cfg.task.long_prompts)
@@ -131,14 +138,17 @@ def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
 
 
 def flatten(weights: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([w.detach().reshape(-1).float() for w in weights.values()])
+    return torch.cat([w.detach().reshape(-1).float().cpu() for w in weights.values()])
 
 
 def unflatten_into(flat: torch.Tensor, model) -> None:
-    """Copy a flat fp32 vector (in state_dict order) into `model`'s parameters and buffers."""
+    """Copy a flat fp32 vector (in `synced_tensors` order: the state dict, or a LoRA policy's adapters)
+    into `model`'s tensors."""
+    from tba.models import synced_tensors
+
     offset = 0
     with torch.no_grad():
-        for tensor in model.state_dict().values():
+        for tensor in synced_tensors(model).values():
             n = tensor.numel()
             tensor.copy_(flat[offset:offset + n].view_as(tensor))
             offset += n

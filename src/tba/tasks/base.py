@@ -5,6 +5,12 @@ prompts and `reward` again (greedy pass@1 is the mean reward of greedy completio
 needs `demonstrations`. Nothing else in the package knows what the task is about, so a new task is one
 file that returns a `Task`, named in the config as `task.name: path/to/file.py:factory` or
 `package.module:factory` (see docs/tasks.md).
+
+Two optional methods serve rewards that are models rather than rules (a reward model, a victim LM plus a
+toxicity classifier): `rewards(prompts, completions, finished)` scores a whole batch at once (one forward
+pass instead of N) and sees whether each response ended with EOS (the TL;DR reward penalises those that did
+not); `eval_metrics(prompts, completions, finished)` adds held-out metrics (win rate, attack success rate,
+diversity) to the mean reward that evaluation always reports.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,6 +49,12 @@ class Task(Protocol):
         """One demonstration completion per prompt, used by the SFT warm start."""
         ...
 
+    # Optional (looked up with getattr; a task may define neither):
+    #   def rewards(self, prompts: list[Prompt], completions: list[str], finished: list[bool]) -> list[float]
+    #       Batched reward; used instead of `reward` when present. finished[i]: response i ended with EOS.
+    #   def eval_metrics(self, prompts: list[Prompt], completions: list[str], finished: list[bool]) -> dict
+    #       Extra held-out metrics {name: float} of the evaluation completions.
+
 
 def checked_reward(task: Task, prompt: Prompt, completion: str) -> float:
     """`task.reward` as a finite float; raises ValueError if the reward function returns NaN/inf."""
@@ -51,19 +64,46 @@ def checked_reward(task: Task, prompt: Prompt, completion: str) -> float:
     return value
 
 
+def batch_rewards(task: Task, prompts: list[Prompt], completions: list[str],
+                  finished: list[bool]) -> tuple[list[float | None], str | None]:
+    """Rewards of a batch: `task.rewards` if the task has it, else `task.reward` one by one.
+
+    Returns (values, last error): a value is None where the reward raised or was not finite (a batched
+    reward that raises fails the whole batch), and the error text says which prompt and why, for the log.
+    """
+    n = len(completions)
+    if not len(prompts) == n == len(finished):
+        raise ValueError(f"batch_rewards: {len(prompts)} prompts, {n} completions, {len(finished)} flags")
+    batched = getattr(task, "rewards", None)
+    if batched is None:
+        values, error = [], None
+        for p, c in zip(prompts, completions, strict=True):
+            try:
+                values.append(checked_reward(task, p, c))
+            except Exception:
+                values.append(None)
+                error = f"prompt {p.id}: {traceback.format_exc(limit=-2).strip()}"
+        return values, error
+    try:
+        raw = [float(v) for v in batched(prompts, completions, finished)]
+        if len(raw) != n:
+            raise ValueError(f"task.rewards returned {len(raw)} values for {n} completions")
+    except Exception:
+        ids = sorted({p.id for p in prompts})
+        return [None] * n, f"prompts {ids[:8]}: {traceback.format_exc(limit=-2).strip()}"
+    bad = [i for i, v in enumerate(raw) if not math.isfinite(v)]
+    error = f"prompt {prompts[bad[-1]].id}: reward returned {raw[bad[-1]]}" if bad else None
+    return [v if math.isfinite(v) else None for v in raw], error
+
+
 def accuracy(task: Task, prompts: list[Prompt], completions: list[str]) -> float:
     """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1.
     A reward that raises or is not finite scores 0 here (evaluation must not stop a run)."""
     if not prompts:
         return float("nan")
 
-    def score(p, c):
-        try:
-            return checked_reward(task, p, c)
-        except Exception:
-            return 0.0
-
-    return sum(score(p, c) for p, c in zip(prompts, completions, strict=True)) / len(prompts)
+    values, _ = batch_rewards(task, prompts, completions, [True] * len(completions))
+    return sum(v or 0.0 for v in values) / len(prompts)
 
 
 def load_custom_task(spec: str, options: dict) -> Task:
