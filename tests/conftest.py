@@ -24,3 +24,16 @@ def tiny_tokenizer(arith_task):
 def tiny_model(tiny_tokenizer):
     cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
     return build_tiny_model(tiny_tokenizer, cfg, seed=0).eval()
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """The Hub switched off for this test. The env vars are read when huggingface_hub/datasets are imported,
+    so the module-level flags are flipped too; otherwise a load spends ~20 s in HTTP retries before failing."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)

@@ -127,16 +127,7 @@ def test_shared_data_loads():
     assert task.reward(task.test[0], "She makes 18 dollars.") == 1.0
 
 
-def test_unreachable_hub_is_runtime_error(monkeypatch):
-    # The env vars are read when huggingface_hub/datasets are imported, so setting them now is not enough:
-    # also flip the module-level flags, or the load spends ~23 s in HTTP retries before failing.
-    import datasets.config
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+def test_unreachable_hub_is_runtime_error(offline_hub):
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"unreachable.*task\.source=/path/to"):
         load_rows("nonexistent-org/nonexistent-ds", "test")

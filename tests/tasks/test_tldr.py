@@ -10,8 +10,7 @@ import json
 import time
 
 import pytest
-import torch
-from transformers import GPTNeoXConfig, GPTNeoXForSequenceClassification
+from test_reward_model import save_rm  # the same tiny GPT-NeoX reward model (tests/tasks is on sys.path)
 
 from tba.config import load_config
 from tba.models import train_tokenizer
@@ -30,16 +29,6 @@ def write_jsonl(path, rows) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def save_rm(path, tokenizer, seed: int) -> str:
-    cfg = GPTNeoXConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=256, num_labels=1,
-                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(seed)
-    GPTNeoXForSequenceClassification(cfg).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tldr")
@@ -52,8 +41,8 @@ def data_dir(tmp_path_factory):
 def rms(tmp_path_factory):
     rows = tldr_rows(20)
     tokenizer = train_tokenizer([r["query"] + r["reference_response"] for r in rows], 200)
-    return (save_rm(tmp_path_factory.mktemp("rm"), tokenizer, seed=0),
-            save_rm(tmp_path_factory.mktemp("gold"), tokenizer, seed=1))
+    return (save_rm(tmp_path_factory.mktemp("rm"), tokenizer, seed=0, max_positions=256),
+            save_rm(tmp_path_factory.mktemp("gold"), tokenizer, seed=1, max_positions=256))
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +99,7 @@ def test_missing_column_and_missing_split(tmp_path):
         load_rows(str(tmp_path), "validation")
 
 
-def test_unreachable_hub_is_runtime_error(monkeypatch):
-    import datasets.config
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+def test_unreachable_hub_is_runtime_error(offline_hub):
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"unreachable.*task\.source=/path/to/dir"):
         load_rows("nonexistent-org/nonexistent-tldr", "train")

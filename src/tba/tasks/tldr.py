@@ -17,50 +17,13 @@ RM (6.9B) is loaded on the first evaluation, so searcher processes, which never 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tba.tasks.base import Prompt
+from tba.tasks.data import load_split
 from tba.tasks.reward_model import RewardModel
 
 DEFAULT_SOURCE = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
 EOS_TEXT = "<|endoftext|>"
 _FIELDS = ("query", "reference_response")
-_LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
-
-def _local_files(source: str, split: str) -> list[Path] | None:
-    """The local file(s) holding `split`; None if `source` is no local path (then it is a Hub name).
-
-    A directory is searched for `{split}.jsonl`/`.json`/`.parquet`, else a Hub snapshot's
-    `**/{split}-*.parquet` shards (all of them: the train split comes in 5). A single file serves every
-    split, so pass a directory when train and validation must differ.
-    """
-    path = Path(source).expanduser()
-    if path.is_dir():
-        found = [path / f"{split}{suffix}" for suffix in _LOCAL_SUFFIXES if (path / f"{split}{suffix}").is_file()]
-        found = found[:1] or sorted(path.glob(f"**/{split}-*.parquet"))
-        if not found:
-            raise FileNotFoundError(f"tldr: no {split}.jsonl, {split}.json, {split}.parquet or "
-                                    f"{split}-*.parquet shards in directory {path}")
-        return found
-    if path.suffix in _LOCAL_SUFFIXES:
-        if not path.is_file():
-            raise FileNotFoundError(f"tldr: data file {path} does not exist")
-        return [path]
-    return None
-
-
-def _validate(rows: list[dict], where: str) -> None:
-    """Fail loudly on a malformed row rather than train on an empty prompt or score against no reference."""
-    for i, row in enumerate(rows):
-        for name in _FIELDS:
-            value = row.get(name)
-            if value is None:
-                raise ValueError(f"tldr row {i} of {where}: missing field {name!r}")
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"tldr row {i} of {where}: field {name!r} must be a non-empty string")
-        if not strip_eos(row["reference_response"]).strip():
-            raise ValueError(f"tldr row {i} of {where}: field 'reference_response' is only an EOS marker")
 
 
 def strip_eos(text: str) -> str:
@@ -74,33 +37,12 @@ def load_rows(source: str, split: str, size: int | None = None) -> list[dict]:
     """The first `size` rows (all if None) of `split`, only the `query` and `reference_response` columns,
     from a local file/directory or the Hub. Column selection matters: the Hub dataset also holds token
     columns, ~1.6 GB for train, that this task never reads."""
-    import datasets  # deferred: importing datasets costs ~1 s
-
-    local = _local_files(source, split)
-    if local is not None:
-        builder = _LOCAL_SUFFIXES.get(local[0].suffix, "parquet")
-        ds = datasets.load_dataset(builder, data_files=[str(p) for p in local], split="train")
-        where = str(local[0]) if len(local) == 1 else f"{local[0].parent} ({split}-*.parquet)"
-    else:
-        try:
-            ds = datasets.load_dataset(source, split=split)
-        # ConnectionError, OfflineModeIsEnabled, DatasetNotFoundError...: to the user they all mean the same
-        except Exception as e:
-            raise RuntimeError(
-                f"tldr: could not load {source!r} (split {split!r}) from the Hugging Face Hub, which looks "
-                f"unreachable ({type(e).__name__}: {e}); no local path {source!r} exists either. Pass a local "
-                "copy instead: task.source=/path/to/dir holding train.jsonl and validation.jsonl (or .parquet, "
-                "or a Hub snapshot's data/*.parquet shards). Set HF_HUB_OFFLINE=1 to skip Hub retries."
-            ) from e
-        where = f"{source} ({split})"
-    for name in _FIELDS:
-        if name not in ds.column_names:
-            raise ValueError(f"tldr row 0 of {where}: missing field {name!r} (columns: {ds.column_names})")
-    ds = ds.select_columns(list(_FIELDS))
-    if size is not None:
-        ds = ds.select(range(min(size, len(ds))))
-    rows = ds.to_list()
-    _validate(rows, where)
+    rows, where = load_split(source, split, task="tldr", fields=_FIELDS, size=size, local_hint=(
+        "task.source=/path/to/dir holding train.jsonl and validation.jsonl (or .parquet, or a Hub snapshot's "
+        "data/*.parquet shards)"))
+    for i, row in enumerate(rows):
+        if not strip_eos(row["reference_response"]).strip():
+            raise ValueError(f"tldr row {i} of {where}: field 'reference_response' is only an EOS marker")
     return rows
 
 

@@ -1,0 +1,78 @@
+"""Dataset rows for tasks, from the Hub or from a local copy, with errors that name the file, row and field.
+
+Training machines are often offline, so every dataset-backed task accepts either a Hub name (loaded with
+`datasets`) or a local path: a jsonl/json/parquet file, a directory holding `{split}.jsonl` (or `.json`,
+`.parquet`), or a Hub snapshot directory with `**/{split}-*.parquet` shards. A row with a missing or empty
+field fails before training, naming the row, rather than becoming an empty prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def local_files(source: str, split: str, task: str) -> list[Path] | None:
+    """The local file(s) holding `split`; None if `source` is no local path (then it is a Hub name).
+
+    A directory is searched for `{split}.jsonl`/`.json`/`.parquet`, else for a Hub snapshot's
+    `**/{split}-*.parquet` shards (all of them). A single file serves every split, so pass a directory when
+    the splits must differ.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir():
+        found = [path / f"{split}{suffix}" for suffix in LOCAL_SUFFIXES if (path / f"{split}{suffix}").is_file()]
+        found = found[:1] or sorted(path.glob(f"**/{split}-*.parquet"))
+        if not found:
+            raise FileNotFoundError(f"{task}: no {split}.jsonl, {split}.json, {split}.parquet or "
+                                    f"{split}-*.parquet shards in directory {path}")
+        return found
+    if path.suffix in LOCAL_SUFFIXES:
+        if not path.is_file():
+            raise FileNotFoundError(f"{task}: data file {path} does not exist")
+        return [path]
+    return None
+
+
+def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], hub_config: str | None = None,
+               size: int | None = None, local_hint: str) -> tuple[list[dict], str]:
+    """(rows, where): the first `size` rows (all if None) of `split`, only `fields`, each checked to be a
+    non-empty string. `where` names the file or dataset, for the caller's own row checks.
+
+    An unreachable Hub becomes a RuntimeError that says how to pass a local copy (`local_hint`), since the
+    raw `datasets` error does not.
+    """
+    import datasets  # deferred: importing datasets costs ~1 s, which callers of a reward need not pay
+
+    local = local_files(source, split, task)
+    if local is not None:
+        builder = LOCAL_SUFFIXES.get(local[0].suffix, "parquet")
+        ds = datasets.load_dataset(builder, data_files=[str(p) for p in local], split="train")
+        where = str(local[0]) if len(local) == 1 else f"{local[0].parent} ({split}-*.parquet)"
+    else:
+        try:
+            ds = datasets.load_dataset(source, hub_config, split=split)
+        # ConnectionError, OfflineModeIsEnabled, DatasetNotFoundError...: to the user they all mean the same
+        except Exception as e:
+            raise RuntimeError(
+                f"{task}: could not load {source!r} (split {split!r}) from the Hugging Face Hub, which looks "
+                f"unreachable ({type(e).__name__}: {e}); no local path {source!r} exists either. Pass a local "
+                f"copy instead: {local_hint}. Set HF_HUB_OFFLINE=1 to skip Hub retries."
+            ) from e
+        where = f"{source} ({split})"
+    for name in fields:
+        if name not in ds.column_names:
+            raise ValueError(f"{task} row 0 of {where}: missing field {name!r} (columns: {ds.column_names})")
+    ds = ds.select_columns(list(fields))  # the Hub datasets may carry large columns the task never reads
+    if size is not None:
+        ds = ds.select(range(min(size, len(ds))))
+    rows = ds.to_list()
+    for i, row in enumerate(rows):
+        for name in fields:
+            value = row.get(name)
+            if value is None:
+                raise ValueError(f"{task} row {i} of {where}: missing field {name!r}")
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{task} row {i} of {where}: field {name!r} must be a non-empty string")
+    return rows, where
