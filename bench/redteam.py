@@ -39,8 +39,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=Path, default=RESULTS, help="directory for redteam.md / redteam.json")
+    ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
     args, overrides = ap.parse_known_args(sys.argv[1:])
-    out = Path(tempfile.mkdtemp(prefix="tba-redteam-")) / "run"
+    out = args.out or Path(tempfile.mkdtemp(prefix="tba-redteam-")) / "run"
     cfg = load_config(RECIPE, [f"output_dir={out}", *overrides])
     t0 = time.perf_counter()
     summary = train(cfg, overwrite=True)

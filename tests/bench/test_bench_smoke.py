@@ -77,7 +77,8 @@ def test_redteam_bench_smoke(tmp_path, monkeypatch):
     lm = tmp_path / "lm"
     tiny = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
     save_checkpoint(build_tiny_model(tokenizer, tiny, seed=0), tokenizer, lm)
-    run_bench("redteam", ["--results", str(tmp_path), f"model.policy={lm}", f"task.options.victim={lm}",
+    run_bench("redteam", ["--results", str(tmp_path), "--out", str(tmp_path / "run"), f"model.policy={lm}",
+                          f"task.options.victim={lm}",
                           "task.chat_template=false", "trainer.steps=2", "eval.every_steps=2",
                           "search.max_new_tokens=6", "eval.max_new_tokens=6", "eval.samples_per_prompt=2",
                           "search.samples_per_prompt=4",
