@@ -81,3 +81,10 @@ def test_a_cuda_device_without_a_gpu_says_so(monkeypatch):
     assert resolve_device("auto").type == "cpu"
     with pytest.raises(ModelLoadError, match="no CUDA GPU"):
         resolve_device("cuda:1")
+
+
+def test_packaged_recipes_load_by_name_and_a_missing_file_lists_them():
+    assert load_config("redteam-smollm2-cpu").task.name == "redteam"
+    assert load_config("tldr-pythia.yaml").task.name == "tldr"
+    with pytest.raises(ConfigError, match="packaged recipes, usable by name: .*gsm8k-rho1b"):
+        load_config("nope-recipe")

@@ -459,11 +459,16 @@ def parse_override(text: str) -> tuple[str, object]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> RunConfig:
-    """Defaults ← recipe YAML (the embedded default recipe if `path` is None) ← dotted overrides."""
+    """Defaults ← recipe YAML (the embedded default recipe if `path` is None; a bare name such as
+    `tldr-pythia` is a recipe shipped in tba/recipes) ← dotted overrides."""
     cfg = RunConfig()
     path = Path(path) if path is not None else DEFAULT_RECIPE
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        packaged = DEFAULT_RECIPE.parent / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+        if len(path.parts) != 1 or not packaged.is_file():
+            names = ", ".join(sorted(p.stem for p in DEFAULT_RECIPE.parent.glob("*.yaml")))
+            raise ConfigError(f"config file not found: {path} (packaged recipes, usable by name: {names})")
+        path = packaged  # a recipe shipped with tba, named without its directory: `tba train tldr-pythia`
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
