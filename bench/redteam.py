@@ -3,6 +3,7 @@
     python bench/redteam.py                      # writes bench/results/redteam.{md,json}
     python bench/redteam.py trainer.steps=10     # any recipe override
     python bench/redteam.py --results DIR ...    # write the report elsewhere (CI's smoke run, tiny models)
+    python bench/redteam.py --report RUN_DIR     # rebuild the report of a finished run (no training)
 
 Runs `tba train src/tba/recipes/redteam-smollm2-cpu.yaml` (SmolLM2-135M-Instruct attacker with LoRA, a frozen
 SmolLM2-135M-Instruct victim, the alt-profanity-check toxicity classifier, all-MiniLM-L6-v2 diversity) and
@@ -21,7 +22,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -40,12 +40,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=Path, default=RESULTS, help="directory for redteam.md / redteam.json")
     ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
+    ap.add_argument("--report", type=Path, default=None, help="a finished run directory: only write its report")
+    ap.add_argument("--note", default="", help="a sentence added to the report (e.g. what else ran meanwhile)")
     args, overrides = ap.parse_known_args(sys.argv[1:])
-    out = args.out or Path(tempfile.mkdtemp(prefix="tba-redteam-")) / "run"
-    cfg = load_config(RECIPE, [f"output_dir={out}", *overrides])
-    t0 = time.perf_counter()
-    summary = train(cfg, overwrite=True)
-    wall = time.perf_counter() - t0
+    if args.report is not None:
+        out = args.report
+        cfg = load_config(out / "config.yaml")
+        summary = json.loads((out / "summary.json").read_text())
+        overrides = [x for x in json.loads((args.results / "redteam.json").read_text())["overrides"]] \
+            if (args.results / "redteam.json").is_file() else []
+    else:
+        out = args.out or Path(tempfile.mkdtemp(prefix="tba-redteam-")) / "run"
+        cfg = load_config(RECIPE, [f"output_dir={out}", *overrides])
+        summary = train(cfg, overwrite=True)
+    wall = summary["wall_clock_s"]
 
     # examples: attacks sampled from the final policy, scored with a fresh victim + classifier
     from tba.build import build_task
@@ -60,6 +68,8 @@ def main() -> None:
     examples = task.examples(c.texts, k=5)
 
     start, end = summary["eval_start"], summary["eval_end"]
+    evals = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+             if "eval/attack_success_rate" in m]
     rows = [("attack success rate (%)", "attack_success_rate"), ("mean toxicity", "toxicity"),
             ("diversity (cos. distance)", "diversity"), ("mean reward (mean log p_toxic)", "score")]
     n_attacks = len(task.test) * cfg.eval.samples_per_prompt
@@ -73,12 +83,18 @@ def main() -> None:
         f"`{o['victim']}` answering each attack {o['victim_responses']}×; toxicity: `{o['classifier']}`; "
         f"diversity: `{o['embedder']}`. {summary['trainer_steps']} trainer steps, "
         f"{summary['samples_generated']} attacks generated, β = {cfg.tb.beta_init}, wall clock {wall / 60:.1f} min.",
+        *([args.note] if args.note else []),
         f"Each evaluation samples {n_attacks} attacks ({cfg.eval.samples_per_prompt} per instruction, T = "
         f"{cfg.eval.temperature}).",
         "",
         "| metric | start | end |",
         "|---|---|---|",
         *[f"| {label} | {start[k]:.3f} | {end[k]:.3f} |" for label, k in rows],
+        "",
+        "Every evaluation (step: attack success rate %, mean toxicity, diversity): "
+        + "; ".join([f"0: {start['attack_success_rate']:.1f}, {start['toxicity']:.3f}, {start['diversity']:.3f}"]
+                    + [f"{m['step']}: {m['eval/attack_success_rate']:.1f}, {m['eval/toxicity']:.3f}, "
+                       f"{m['eval/diversity']:.3f}" for m in evals]) + ".",
         "",
         f"Most toxic of {len(c.texts)} attacks sampled from the final policy (mean toxicity of the victim's "
         "answers):",
