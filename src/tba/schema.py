@@ -1,0 +1,267 @@
+"""Every knob of a run, one typed dataclass per YAML section, each field documented where it is defined.
+
+`tba.config` reads YAML and dotted overrides into these classes and validates them; this file is only the
+schema, so it reads as the reference of what can be set. The paper's symbols are given next to the fields
+(S, K, B, m, k, ι, β); docs/algorithm.md maps each one to the code that uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arith"
+    """Task: `arith` (offline, reasoning-gym), `gsm8k`, `tldr`, `redteam`, or your own:
+    `package.module:factory` or `path/to/file.py:factory`, a function called as factory(**task.options)
+    that returns a Task (docs/tasks.md)."""
+    options: dict | None = None
+    """Keyword arguments for the task's factory (tldr: reward models; redteam: victim, classifier; custom)."""
+    source: str | None = None
+    """gsm8k: hub name (default openai/gsm8k) or a local jsonl/parquet file or directory."""
+    digits: int = 3
+    """arith: digits per operand (two operands, addition)."""
+    train_size: int | None = 20000
+    """Number of train prompts (None = all the source has)."""
+    test_size: int | None = 500
+    """Number of held-out prompts used for evaluation (None = all)."""
+    teacher_slip_prob: float = 0.6
+    """arith: probability that the SFT teacher forgets a carry. Imitation then plateaus below the ceiling."""
+    prompt_template: str | None = None
+    """Prompt text template. arith: fields {a}, {b} (None = compact `{a}+{b}=`); gsm8k: {question}
+    (None = the paper's `[MATH TASK] Problem:...`)."""
+    chat_template: bool = False
+    """Wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt in tokens. None = the model's context length minus search.max_new_tokens."""
+    long_prompts: str = "skip"
+    """What happens to a longer prompt: skip (dropped before training, counted) | truncate (keep its end)."""
+
+
+@dataclass
+class TinyModelConfig:
+    """The built-in Llama-style model used when `model.policy` is `builtin`."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 512
+    vocab_size: int = 128
+    """Upper bound for the locally trained BPE tokenizer."""
+
+
+@dataclass
+class LoraConfig:
+    """Train low-rank adapters (PEFT LoRA) instead of every weight; only the adapters are optimised,
+    published to searchers and checkpointed. The reference π_ref is the base model (adapters off)."""
+
+    enabled: bool = False
+    r: int = 32
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: str = "all-linear"
+    """Comma-separated module names (e.g. q_proj,v_proj) or all-linear."""
+
+
+@dataclass
+class ModelConfig:
+    policy: str = "builtin"
+    """Hub name, local directory (save_pretrained layout), or `builtin` (tiny model built from a config)."""
+    reference: str | None = None
+    """Reference model π_ref. None = the policy's starting weights (after the SFT warm start)."""
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16."""
+    device: str = "cpu"
+    """Where the trainer's policy and reference live: cpu | cuda | cuda:N | auto (cuda if available)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class SFTConfig:
+    enabled: bool = True
+    """Run the SFT warm start before RL when the policy is `builtin` (cached; see `cache_dir`)."""
+    steps: int = 1500
+    lr: float = 3e-3
+    batch_size: int = 64
+    warmup_steps: int = 50
+    cache_dir: str | None = None
+    """Where warm-start checkpoints are cached. None = $TBA_CACHE or ~/.cache/tba."""
+    log_every_steps: int = 100
+
+
+@dataclass
+class SearchConfig:
+    temperature: float = 0.7
+    """T: sampling temperature; log-probs everywhere are of logits ÷ T, as in the paper."""
+    top_p: float = 1.0
+    samples_per_prompt: int = 10
+    """S: completions generated per prompt (S ≥ K so that dedup still leaves K unique ones)."""
+    prompts_per_batch: int = 8
+    """Prompts per search iteration (one generate call of prompts × S sequences)."""
+    max_new_tokens: int = 32
+    num_searchers: int = 1
+    """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
+    threads: int | None = None
+    """torch threads per searcher. None = an equal share of the cores (inline: all cores)."""
+    ready_timeout_s: float = 300.0
+    """How long a searcher may take to start (import, load models) before the run fails."""
+    collect_timeout_s: float = 600.0
+    """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
+    num_cpus: float = 1.0
+    """ray: CPUs each searcher actor declares."""
+    num_gpus: float = 0.0
+    """ray: GPUs each searcher actor declares."""
+    resources: dict | None = None
+    """ray: custom resources each searcher actor requires, e.g. {searcher: 1} to pin them to tagged nodes."""
+    device: str | None = None
+    """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
+    item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
+    Ray each actor sees the GPUs it declared (search.num_gpus) and `cuda` means its own."""
+    fail_after_batches: int | None = None
+    """Fault injection for tests and drills: each searcher raises after this many batches. None = never."""
+    max_restarts: int = 3
+    """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None
+    """Ray cluster to join (e.g. 127.0.0.1:6379 or auto). None = start a private local Ray on 127.0.0.1."""
+    num_cpus: int | None = None
+    """CPUs of the private local Ray (None = all cores)."""
+
+
+@dataclass
+class BufferConfig:
+    capacity_per_prompt: int = 100
+    """Items kept per prompt (newest kept)."""
+    prefill_samples: int = 160
+    """P: completions generated before the first trainer step."""
+    online_prob: float = 0.95
+    """m: probability that a prompt slot is drawn from prompts refreshed since the last sync."""
+    offline_inverse_temperature: float = 0.0
+    """ι: offline draws use softmax(ι · reward) over a prompt's history (0 = uniform)."""
+    dedup: bool = True
+    """Exact-token dedup per prompt (newest copy wins)."""
+    max_samples: int | None = 100000
+    """In-memory bound: above it the least recently refreshed prompts leave memory (they stay on disk).
+    None = unbounded."""
+    persist: bool = True
+    """Write every accepted group to RUN_DIR/buffer.sqlite before training on it (needed for --resume)."""
+    source: str | None = None
+    """runtime=offline: the run directory (or buffer.sqlite) whose saved buffer is trained on."""
+
+
+@dataclass
+class TBConfig:
+    """VarGrad Trajectory Balance; β anneals linearly (paper §2.4)."""
+
+    beta_init: float = 0.05
+    beta_final: float = 0.05
+    beta_decay_end_step: int | None = None
+    """Step at which β reaches beta_final (T_target). None = constant beta_init."""
+    beta_hard_stop_step: int | None = None
+    """From this step on β = beta_final (T_stop; the paper's abrupt TL;DR stop). None = no hard stop."""
+
+
+@dataclass
+class BaselineConfig:
+    """Settings of the comparison objectives (β comes from the `tb` section's schedule for all of them)."""
+
+    clip_eps: float = 0.2
+    """dr_grpo: PPO clip range ε of the ratio π_θ/π_behaviour."""
+    kl_coef: float = 0.0
+    """dr_grpo: coefficient of the k3 KL-to-reference penalty (0 = none, as Dr. GRPO)."""
+    importance_clip: float = 8.0
+    """tba_prime: clamp of the detached importance ratio (CISPO-style)."""
+    reference_reset_steps: int | None = 50
+    """tba_prime: ρ, the reference is reset to the current policy every ρ steps (None = never)."""
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 200
+    """U: total trainer (optimizer) steps."""
+    lr: float = 1e-4
+    lr_schedule: str = "constant"
+    """constant | linear (to 0 at the last step) | wsd (warmup, stable, cosine decay)."""
+    warmup_steps: int = 0
+    stable_steps: int | None = None
+    """wsd: steps at peak after warmup. None = until the decay phase that ends at `steps`."""
+    decay_steps: int = 0
+    """wsd: cosine-decay steps."""
+    prompts_per_step: int = 8
+    """B: prompt groups per optimizer step."""
+    samples_per_prompt: int = 8
+    """K: completions per prompt group."""
+    micro_batch_prompts: int = 8
+    """Prompt groups per forward/backward (gradient accumulation groups by prompt, never splits one)."""
+    sync_every_steps: int = 1
+    """k: the trainer publishes its weights (with a version) to the searchers every k steps."""
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = None
+    """None = no clipping (as the paper)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int | None = 50
+    """Full checkpoint (model, optimizer, RNG, buffer and searcher state) every N steps, and at exit.
+    None = only at exit."""
+    keep: int = 2
+    """Checkpoints kept (newest first)."""
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 50
+    """Greedy pass@1 on the held-out prompts every N trainer steps (and at start and end)."""
+    max_new_tokens: int = 32
+    batch_size: int = 256
+    """Sequences per generation call (prompts × samples)."""
+    samples_per_prompt: int = 0
+    """0 = one greedy completion per held-out prompt (pass@1). n > 0 = n completions sampled at
+    eval.temperature (tasks whose metric is about the distribution, e.g. red-teaming)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    reference_metrics: bool = False
+    """Also report KL(π_ref ‖ π_θ) per token and the perplexity under π_ref (the TL;DR paper's metrics)."""
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "tba"
+    progress: bool = True
+    """Live progress bar (rich)."""
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    output_dir: str = "runs/default"
+    objective: str = "tb"
+    """tb (VarGrad Trajectory Balance) | dr_grpo | rloo | online_dpo | tba_prime (baselines, docs/objectives.md)."""
+    runtime: str = "local"
+    """inline: one process, search and training alternate | local: searcher processes (torch.multiprocessing)
+    | ray: searcher actors on a Ray cluster | offline: no searchers, train on a saved buffer (buffer.source)."""
+    mode: str = "async"
+    """async: searchers and trainer run concurrently, nobody waits | sync: generation and training alternate
+    (with k = 1 that is on-policy). The inline runtime is always sync."""
+    threads: int | None = None
+    """torch threads of the trainer. None = an equal share of the cores (inline: all cores)."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    tb: TBConfig = field(default_factory=TBConfig)
+    baselines: BaselineConfig = field(default_factory=BaselineConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
