@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -22,6 +23,8 @@ from transformers.utils import logging as transformers_logging
 from tba.config import LoraConfig, TinyModelConfig
 
 transformers_logging.disable_progress_bar()  # per-file "Loading weights" bars from every searcher drown the log
+# PEFT calls a transformers property deprecated in v5 on every LoRA forward setup; users can do nothing about it
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 

@@ -96,13 +96,13 @@ def batch_rewards(task: Task, prompts: list[Prompt], completions: list[str],
     return [v if math.isfinite(v) else None for v in raw], error
 
 
-def accuracy(task: Task, prompts: list[Prompt], completions: list[str]) -> float:
+def accuracy(task: Task, prompts: list[Prompt], completions: list[str], finished: list[bool] | None = None) -> float:
     """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1.
-    A reward that raises or is not finite scores 0 here (evaluation must not stop a run)."""
+    A reward that raises or is not finite scores 0 here (evaluation must not stop a run). `finished` (did
+    each completion end with EOS) matters to rewards that penalise unfinished ones; None = all finished."""
     if not prompts:
         return float("nan")
-
-    values, _ = batch_rewards(task, prompts, completions, [True] * len(completions))
+    values, _ = batch_rewards(task, prompts, completions, finished or [True] * len(completions))
     return sum(v or 0.0 for v in values) / len(prompts)
 
 
