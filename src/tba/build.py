@@ -14,16 +14,13 @@ FACTORIES = {"tldr": "tba.tasks.tldr:TLDRTask", "redteam": "tba.tasks.redteam:Re
 def build_task(cfg: RunConfig, tokenizer=None):
     """The configured task; with `task.chat_template` its prompts are wrapped by `tokenizer`'s chat template."""
     t = cfg.task
-    if t.name in FACTORIES:  # built-in tasks whose reward is a model: their factories take the options too
+    if t.name in FACTORIES or ":" in t.name:
         from tba.tasks.base import load_custom_task
 
+        # built-in tasks whose reward is a model are factories too, given the data settings besides the options
         sizes = {"source": t.source, "train_size": t.train_size, "test_size": t.test_size}
-        task = load_custom_task(FACTORIES[t.name], {**{k: v for k, v in sizes.items() if v is not None},
-                                                    **(t.options or {})})
-    elif ":" in t.name:
-        from tba.tasks.base import load_custom_task
-
-        task = load_custom_task(t.name, t.options or {})
+        given = {k: v for k, v in sizes.items() if v is not None} if t.name in FACTORIES else {}
+        task = load_custom_task(FACTORIES.get(t.name, t.name), {**given, **(t.options or {})})
     elif t.name == "arith":
         from tba.tasks.arith import ArithTask
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tba.generation import generate, response_logits
-from tba.tasks.base import Prompt, batch_rewards
+from tba.generation import ended_with_eos, generate, response_logits
+from tba.tasks.base import Prompt, accuracy
 
 
 @dataclass
@@ -49,7 +49,7 @@ def complete(model, tokenizer, prompts: list[Prompt], *, max_new_tokens: int, ba
         out.prompt_tokens += [t for t in tokens for _ in range(n)]
         out.responses += responses
         out.texts += tokenizer.batch_decode(responses, skip_special_tokens=True)
-        out.finished += [bool(r) and r[-1] == tokenizer.eos_token_id for r in responses]
+        out.finished += ended_with_eos(responses, tokenizer.eos_token_id)
     model.train(was_training)
     return out
 
@@ -96,8 +96,7 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
         return {"score": math.nan}
     c = complete(policy, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
                  samples_per_prompt=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p)
-    values, _ = batch_rewards(task, c.prompts, c.texts, c.finished)
-    metrics = {"score": sum(v or 0.0 for v in values) / len(values)}
+    metrics = {"score": accuracy(task, c.prompts, c.texts, c.finished)}
     extra = getattr(task, "eval_metrics", None)
     if extra is not None:
         metrics.update({k: float(v) for k, v in extra(c.prompts, c.texts, c.finished).items()})
@@ -109,6 +108,5 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
 def greedy_accuracy(model, tokenizer, task, prompts: list[Prompt], max_new_tokens: int, batch_size: int) -> float:
     """Greedy pass@1: the mean reward of one greedy completion per prompt."""
     c = complete(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    values, _ = batch_rewards(task, c.prompts, c.texts, c.finished)
-    return sum(v or 0.0 for v in values) / len(values) if values else math.nan
+    return accuracy(task, c.prompts, c.texts, c.finished)
 

@@ -66,13 +66,18 @@ def generate(
     if logprobs:  # one step at a time: never materialise [N·S, T, V]
         tokens = out.sequences[:, ids.shape[1]:]
         logp = torch.stack([  # scores are already divided by T (and top-p filtered)
-            s.float().gather(-1, tokens[:, t, None]).squeeze(-1) - torch.logsumexp(s.float(), -1)
+            torch.log_softmax(s.float(), -1).gather(-1, tokens[:, t, None]).squeeze(-1)
             for t, s in enumerate(out.scores)], dim=1).cpu()  # [N·S, T]
     results = []
     for i, row in enumerate(new.tolist()):
         n = row.index(eos_id) + 1 if eos_id in row else len(row)
         results.append((row[:n], logp[i, :n].tolist() if logprobs else []))
     return results
+
+
+def ended_with_eos(responses: list[list[int]], eos_id: int) -> list[bool]:
+    """Whether each response stopped by itself (its last token is EOS) rather than at max_new_tokens."""
+    return [bool(r) and r[-1] == eos_id for r in responses]
 
 
 def response_logits(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int

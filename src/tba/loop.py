@@ -194,8 +194,9 @@ class _Run:
         self.t_run, self.extra = t_run, extra
         loop = state.get("loop", {})
         self.step = state.get("step", 0)
-        self.evals = [tuple(e) for e in loop.get("evals", [])]  # (step, score, training seconds so far)
-        self.eval_details = loop.get("eval_details", [])  # [step, {metric: value}], every evaluation
+        # every evaluation: [step, {metric: value} (always "score", the mean reward), training seconds so far];
+        # checkpoints written before task metrics existed hold the bare score
+        self.evals = [[s, m if isinstance(m, dict) else {"score": m}, t] for s, m, t in loop.get("evals", [])]
         self.rewards_seen = loop.get("rewards_seen", [])
         self.received = loop.get("received", 0)
         self.busy_s = loop.get("busy_s", 0.0)
@@ -209,15 +210,19 @@ class _Run:
         self.started = False  # searchers started: only then is there anything to checkpoint at exit
         self.warned_dropped = 0
 
-    def evaluate(self) -> float:
-        """Evaluate on the held-out prompts; record every metric, return the score (mean reward)."""
+    def evaluate(self, train_s: float) -> dict[str, float]:
+        """Evaluate on the held-out prompts and record every metric with the step and training time."""
         metrics = evaluate(self.policy, self.tokenizer, self.task, self.task.test, self.cfg.eval,
                            reference=self.extra["reference"])
-        self.eval_details.append([self.step, metrics])
-        return metrics["score"]
+        self.evals.append([self.step, metrics, train_s])
+        return metrics
+
+    def score(self, i: int) -> float:
+        """Evaluation i's score: greedy pass@1 for a 0/1 verifier, the mean reward in general."""
+        return self.evals[i][1]["score"]
 
     def describe_eval(self) -> str:
-        metrics = self.eval_details[-1][1]
+        metrics = self.evals[-1][1]
         if len(metrics) == 1 and self.cfg.eval.samples_per_prompt == 0:
             return f"test accuracy (greedy pass@1, {len(self.task.test)} problems) {metrics['score']:.3f}"
         return "eval " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
@@ -241,8 +246,7 @@ class _Run:
             "version": self.trainer.version, "skipped_steps": self.trainer.skipped_steps,
             "buffer": self.buffer.state_dict(), "searchers": self.runtime.searcher_states(),
             "reference_source": self.extra["reference_source"], "policy_source": self.extra["policy_source"],
-            "loop": {"evals": self.evals, "eval_details": self.eval_details, "rewards_seen": self.rewards_seen,
-                     "received": self.received,
+            "loop": {"evals": self.evals, "rewards_seen": self.rewards_seen, "received": self.received,
                      "busy_s": self.busy_s, "train_s": self.train_s(),
                      "wall_s": self.wall_before + time.perf_counter() - self.t_run, "resumed_at": self.resumed_at,
                      "restarts": restarts, "rewards_dropped": dropped},
@@ -271,7 +275,7 @@ class _Run:
         self.eval_s = 0.0
         if not self.evals:
             self.t_train = time.perf_counter()
-            self.evals = [(0, self.evaluate(), 0.0)]
+            self.evaluate(0.0)
             self.log(f"at start: {self.describe_eval()}")
         runtime.start()  # searchers run from here on (async: continuously)
         self.started = True
@@ -294,7 +298,7 @@ class _Run:
         with progress_bar as progress, _GracefulStop(self.log) as stop:
             while self.step < t.steps:
                 metrics = self._step(t_loop, busy_before)
-                progress.update(self.step, reward=metrics["reward_mean"], accuracy=self.evals[-1][1],
+                progress.update(self.step, reward=metrics["reward_mean"], accuracy=self.score(-1),
                                 beta=metrics["trainer/beta"], tokens_per_s=metrics["trainer/tokens_per_s"])
                 every = cfg.checkpoint.every_steps
                 if every and self.step % every == 0 and self.step < t.steps:
@@ -330,11 +334,11 @@ class _Run:
                      f"({trainer.skipped_steps} so far)")
         if self.step % cfg.eval.every_steps == 0 or self.step == t.steps:
             t_eval = time.perf_counter()
-            self.evals.append((self.step, self.evaluate(), self.train_s()))
+            evaluation = self.evaluate(self.train_s())
             self.eval_s += time.perf_counter() - t_eval
             self.log(f"step {self.step}: {self.describe_eval()}")
-            metrics["eval/test_accuracy"] = self.evals[-1][1]
-            metrics.update({f"eval/{k}": v for k, v in self.eval_details[-1][1].items() if k != "score"})
+            metrics["eval/test_accuracy"] = evaluation["score"]
+            metrics.update({f"eval/{k}": v for k, v in evaluation.items() if k != "score"})
         stats = runtime.stats()
         dropped = stats.get("searcher/rewards_dropped", 0)
         if dropped > self.warned_dropped:
@@ -371,11 +375,11 @@ class _Run:
         window = max(1, len(self.rewards_seen) // 10)
         restarts, dropped = self.counters()
         return {
-            "test_accuracy_start": self.evals[0][1],
-            "test_accuracy_end": self.evals[-1][1],
+            "test_accuracy_start": self.score(0),
+            "test_accuracy_end": self.score(-1),
             "test_problems": len(self.task.test),
-            "eval_start": self.eval_details[0][1] if self.eval_details else {},
-            "eval_end": self.eval_details[-1][1] if self.eval_details else {},
+            "eval_start": self.evals[0][1],
+            "eval_end": self.evals[-1][1],
             "train_reward_start": float(np.mean(self.rewards_seen[:window])) if self.rewards_seen else float("nan"),
             "train_reward_end": float(np.mean(self.rewards_seen[-window:])) if self.rewards_seen else float("nan"),
             "wall_clock_s": self.wall_before + time.perf_counter() - self.t_run,
@@ -396,5 +400,5 @@ class _Run:
             "mode": self.cfg.mode,
             "seed": self.cfg.seed,
             "searchers": self.runtime.placement(),
-            "evals": self.evals,
+            "evals": [(step, metrics["score"], train_s) for step, metrics, train_s in self.evals],
         }

@@ -17,7 +17,7 @@ import time
 import torch
 
 from tba.config import SearchConfig
-from tba.generation import generate, response_logprobs
+from tba.generation import ended_with_eos, generate, response_logprobs
 from tba.models import load_synced
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.types import Group, Sample
@@ -91,7 +91,7 @@ class Searcher:
         ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.cfg.temperature,
                                         tok.pad_token_id)  # [N, R]
         texts = tok.batch_decode(responses, skip_special_tokens=True)
-        finished = [bool(r) and r[-1] == tok.eos_token_id for r in responses]
+        finished = ended_with_eos(responses, tok.eos_token_id)
         rewards, error = batch_rewards(self.task, [p for p in prompts for _ in range(s)], texts, finished)
         if error is not None:
             self.rewards_dropped += sum(r is None for r in rewards)
