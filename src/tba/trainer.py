@@ -80,8 +80,10 @@ class Trainer:
             self.reference.load_state_dict(load_model(str(path / "reference")).state_dict())
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """CPU copies of what searchers load: the state dict, or a LoRA policy's adapter weights."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in synced_tensors(self.model).items()}
+        """What searchers load — the state dict, or a LoRA policy's adapter weights — as the trainer's own
+        tensors, on its device and in its dtype (no copy): the runtime's transport copies them before the
+        next update, however they travel (shared buffer, CUDA IPC, broadcast, object store)."""
+        return {k: v.detach() for k, v in synced_tensors(self.model).items()}
 
     def step(self, draws: list[Draw]) -> dict[str, float]:
         """One update on B prompt groups. Returns metrics; a non-finite loss or gradient skips the update."""

@@ -25,22 +25,23 @@ def make_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, source: 
         return OfflineRuntime()
     if cfg.runtime == "inline":
         from tba.runtime.inline import InlineRuntime
+        from tba.samplers import build_sampler
         from tba.searcher import Searcher
 
-        searcher = Searcher(copy.deepcopy(policy), reference, tokenizer, task, cfg.search, seed=cfg.seed)
+        if cfg.search.backend == "vllm" and source is None:
+            source = _write_start(policy, tokenizer, out_dir)
+        sampler = build_sampler(cfg, source=source, tokenizer=tokenizer, device=reference.device, seed=cfg.seed,
+                                policy=copy.deepcopy(policy) if cfg.search.backend == "hf" else None)
+        searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=cfg.seed)
         searcher.version = version
         restore_searcher(searcher, states[0] if states else None)
         return InlineRuntime(searcher)
     if source is None:
-        # the starting policy exists only in memory: write it once so other processes can load it
-        from tba.models import save_checkpoint
-
-        source = str(out_dir / "init")
-        save_checkpoint(policy, tokenizer, Path(source))
+        source = _write_start(policy, tokenizer, out_dir)
     sources = ModelSources(policy=source, reference=reference_source or cfg.model.reference or source,
                            tokenizer=source)
     kwargs = {"version": version, "states": states, "log": log}
-    initial = {k: v.detach().cpu() for k, v in synced_tensors(policy).items()}
+    initial = {k: v.detach() for k, v in synced_tensors(policy).items()}
     if cfg.runtime == "local":
         from tba.runtime.local import LocalRuntime
 
@@ -48,6 +49,15 @@ def make_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, source: 
     from tba.runtime.ray import RayRuntime
 
     return RayRuntime(cfg, sources, initial, threads, **kwargs)
+
+
+def _write_start(policy, tokenizer, out_dir: Path) -> str:
+    """The starting policy exists only in memory: write it once so other processes (or vLLM) can load it."""
+    from tba.models import save_checkpoint
+
+    source = out_dir / "init"
+    save_checkpoint(policy, tokenizer, source)
+    return str(source)
 
 
 __all__ = ["ModelSources", "Runtime", "SearcherError", "make_runtime"]

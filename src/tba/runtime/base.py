@@ -67,7 +67,8 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     torch.set_num_threads(threads)
     from tba.build import build_task, fit_prompts, prompt_limit
     from tba.config import from_dict
-    from tba.models import apply_lora, load_model, load_tokenizer, resolve_device
+    from tba.models import load_model, load_tokenizer, resolve_device
+    from tba.samplers import build_sampler
     from tba.searcher import Searcher
 
     cfg = from_dict(cfg_dict)
@@ -75,16 +76,14 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     device = resolve_device(devices[rank % len(devices)].strip())
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that `cuda` in task options (reward models) means this GPU too
-    policy = load_model(sources.policy, cfg.model.dtype)
-    if cfg.model.lora.enabled and not getattr(policy, "peft_config", None):
-        policy = apply_lora(policy, cfg.model.lora)  # adapters: the trainer's arrive with the first weights
-    policy = policy.to(device)
     reference = load_model(sources.reference, cfg.model.dtype).to(device)
     tokenizer = load_tokenizer(sources.tokenizer)
     task = build_task(cfg, tokenizer)
-    fit_prompts(task, tokenizer, prompt_limit(cfg, policy), cfg.task.long_prompts)
-    searcher = Searcher(policy, reference, tokenizer, task, cfg.search, seed=cfg.seed + 1000 * (rank + 1),
-                        shard=rank, num_shards=cfg.search.num_searchers)
+    fit_prompts(task, tokenizer, prompt_limit(cfg, reference), cfg.task.long_prompts)
+    seed = cfg.seed + 1000 * (rank + 1)
+    sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=device, seed=seed)
+    searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed, shard=rank,
+                        num_shards=cfg.search.num_searchers)
     searcher.version = version
     restore_searcher(searcher, state)
     return searcher
@@ -118,7 +117,10 @@ def aggregate_stats(per_searcher: list[dict]) -> dict[str, float]:
         "searcher/samples": sum(x["samples"] for x in s),
         "searcher/version_min": min(x["version"] for x in s),
         "searcher/busy_fraction": sum(x["busy"] for x in s) / max(sum(x["alive_s"] for x in s), 1e-9),
+        "searcher/tokens": sum(x["state"]["tokens_generated"] for x in s),
+        "searcher/generate_s": sum(x["generate_s"] for x in s),
         "sync/searcher_load_s": sum(x["sync_s"] for x in s),
+        "sync/searcher_loads": sum(x["loads"] for x in s),
         "searcher/rewards_dropped": sum(x["state"]["rewards_dropped"] for x in s),
     }
 
@@ -135,22 +137,3 @@ def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
         return cores, cores
     share = max(1, cores // (num_searchers + 1))
     return share, share
-
-
-def flatten(weights: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([w.detach().reshape(-1).float().cpu() for w in weights.values()])
-
-
-def unflatten_into(flat: torch.Tensor, model) -> None:
-    """Copy a flat fp32 vector (in `synced_tensors` order: the state dict, or a LoRA policy's adapters)
-    into `model`'s tensors."""
-    from tba.models import synced_tensors
-
-    offset = 0
-    with torch.no_grad():
-        for tensor in synced_tensors(model).values():
-            n = tensor.numel()
-            tensor.copy_(flat[offset:offset + n].view_as(tensor))
-            offset += n
-    if offset != flat.numel():
-        raise ValueError(f"weight vector has {flat.numel()} values, model expects {offset}")

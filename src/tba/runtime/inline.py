@@ -34,6 +34,8 @@ class InlineRuntime:
 
     def stats(self) -> dict[str, float]:
         return {"searcher/samples": self.searcher.samples_generated,
+                "searcher/tokens": self.searcher.tokens_generated, "searcher/busy_s": self.searcher.busy_s,
+                "searcher/generate_s": self.searcher.generate_s, "sync/searcher_loads": self.searcher.loads,
                 "searcher/version_min": self.searcher.version,
                 "searcher/rewards_dropped": self.searcher.rewards_dropped, "searcher/restarts": 0}
 
@@ -45,7 +47,7 @@ class InlineRuntime:
         return [{"rank": 0, "pid": os.getpid(), "host": socket.gethostname()}]
 
     def stop(self) -> None:
-        pass
+        self.searcher.sampler.close()
 
 
 class OfflineRuntime:

@@ -1,20 +1,23 @@
-"""Local runtime: searchers in torch.multiprocessing (spawn) processes, weights through shared memory.
+"""Local runtime: searchers in torch.multiprocessing (spawn) processes; weights through a transport.
 
 Topology (built in `start`):
 
-    trainer process ──publish──▶ shared fp32 weight vector + version counter (one lock)
-          ▲                                  │  each searcher checks the counter between generation batches
-          └──────── groups queue ◀── searcher 0..N-1 (own prompt shard, own policy copy, reference)
+    trainer process ──publish──▶ weight transport (tba.runtime.transport, search.weight_transport)
+          ▲                                  │  each searcher checks for a newer version between batches
+          └──────── groups queue ◀── searcher 0..N-1 (own prompt shard, own sampler, reference)
 
-No barrier anywhere: `publish` copies the weights into shared memory and bumps the version; a searcher picks
-up the newest version when it finishes its current batch. In sync mode the searchers generate only when the
-loop asks (one batch each per request), which turns the same components into the alternating baseline.
+Transports: `shared` (auto) — flat buffers on the trainer's device, CPU shared memory or CUDA IPC, plus a
+version counter; `broadcast` — a gloo/NCCL group fed by the trainer (tba.runtime.broadcast). No barrier
+anywhere: `publish` copies the weights out of the trainer and returns; a searcher loads the newest version
+(`Searcher.load_weights`) when it finishes its current batch. In sync mode the searchers generate only when
+the loop asks (one batch each per request), which turns the same components into the alternating baseline.
 
 Lifecycle: spawn → each child loads its models and reports "ready" (deadline `search.ready_timeout_s`,
 liveness polled). A child that raises (its traceback is sent) or dies (kill -9, OOM: seen by the liveness
 check) is restarted from its last reported prompt cursor and the newest weights while training goes on, up
 to `search.max_restarts` per run; one more failure raises SearcherError with the traceback. Messages carry
-(rank, incarnation) so a dead child's late error is not counted twice; its groups are still kept.
+(rank, incarnation) so a dead child's late error is not counted twice; its groups are still kept. With
+`broadcast`, the replacement joins a new group that the trainer forms with every searcher (see broadcast.py).
 Stop → event, join, terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns shutdown)
 and exit on their own if the parent disappears, so no process outlives the run.
 """
@@ -37,23 +40,21 @@ from tba.runtime.base import (
     SearcherError,
     aggregate_stats,
     build_searcher,
-    flatten,
     newest_reward_error,
-    unflatten_into,
     worker_state,
 )
+from tba.runtime.transport import choose_transport, make_sender
 from tba.types import Group
 
 
-def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, shared, version, lock, out_q, stop, request,
-                   parent_pid):
+def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, weights, out_q, stop, request, parent_pid):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tag = (rank, incarnation)
+    receiver = None
     try:
-        with lock:
-            v, flat = version.value, shared.clone()
-        searcher = build_searcher(rank, cfg_dict, sources, threads, state, version=v)
-        unflatten_into(flat, searcher.policy)  # the newest published weights, whatever `sources` holds
+        searcher = build_searcher(rank, cfg_dict, sources, threads, state)
+        receiver = weights.open(rank, searcher.reference.device, "127.0.0.1")
+        receiver.load_initial(searcher)  # the newest published weights, whatever `sources` holds
         out_q.put(("ready", tag, None))
         t_start, busy, sync_s = time.perf_counter(), 0.0, 0.0
         while not stop.is_set():
@@ -61,17 +62,12 @@ def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, shared,
                 return  # orphaned: the trainer is gone
             if request is not None and not request.acquire(timeout=0.2):
                 continue  # sync mode: wait to be asked
-            if version.value > searcher.version:
-                t0 = time.perf_counter()
-                with lock:
-                    v, flat = version.value, shared.clone()
-                unflatten_into(flat, searcher.policy)
-                searcher.version = v
-                sync_s += time.perf_counter() - t0
+            sync_s += receiver.poll(searcher)
             groups = searcher.step()
             busy += searcher.last_step_s
             stats = {"rank": rank, "version": searcher.version, "samples": searcher.samples_generated,
                      "busy": busy, "alive_s": time.perf_counter() - t_start, "sync_s": sync_s,
+                     "generate_s": searcher.generate_s, "loads": searcher.loads,
                      "state": worker_state(searcher), "reward_error": searcher.last_reward_error}
             while not stop.is_set():
                 try:
@@ -81,6 +77,9 @@ def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, shared,
                     continue
     except BaseException:
         out_q.put(("error", tag, traceback.format_exc()))
+    finally:
+        if receiver is not None:
+            receiver.close()
 
 
 class LocalRuntime:
@@ -89,7 +88,12 @@ class LocalRuntime:
         self.cfg, self.sources, self.threads, self.log = cfg, sources, threads_per_searcher, log
         self.n = cfg.search.num_searchers
         self.sync = cfg.mode == "sync"
-        self._initial, self._initial_version = flatten(initial_weights), version
+        self._initial, self._initial_version = initial_weights, version
+        device = next(iter(initial_weights.values())).device
+        self.transport_kind = choose_transport(cfg.search.weight_transport, "local", device)
+        if self.transport_kind == "broadcast" and device.type == "cuda":
+            _check_distinct_gpus(cfg, device)
+        self.transport = None
         self._procs: list = []
         self._incarnation = [0] * self.n
         self._states: list[dict | None] = list(states) if states else [None] * self.n
@@ -98,9 +102,10 @@ class LocalRuntime:
 
     def start(self) -> None:
         ctx = self._ctx = mp.get_context("spawn")
-        self.shared = self._initial.clone().share_memory_()  # [P] fp32, in state_dict order
-        self.version = ctx.Value("q", self._initial_version, lock=False)
-        self.lock = ctx.Lock()
+        self.transport = make_sender(self.transport_kind, self._initial, num_searchers=self.n, ctx=ctx,
+                                     timeout_s=self.cfg.search.ready_timeout_s)
+        self.transport.publish(self._initial, self._initial_version)
+        self._initial = None  # the trainer's live tensors: copied now, not held
         self.queue = ctx.Queue(maxsize=16 * self.n)
         self.stop_event = ctx.Event()
         self.requests = [ctx.Semaphore(0) if self.sync else None for _ in range(self.n)]
@@ -112,10 +117,36 @@ class LocalRuntime:
             if kind == "ready":
                 ready.add(rank)
 
+    def _child_env(self) -> dict[str, str]:
+        """Variables a searcher process needs from its first instruction: vLLM on CPU runs several times
+        faster with tcmalloc and Intel OpenMP preloaded (search.vllm.fast_cpu_env), and LD_PRELOAD is read
+        by the dynamic loader only when a process starts."""
+        s = self.cfg.search
+        on_cpu = all(d.strip() == "cpu" or (d.strip() == "auto" and not torch.cuda.is_available())
+                     for d in (s.device or self.cfg.model.device).split(","))
+        if s.backend == "vllm" and s.vllm.fast_cpu_env and on_cpu:
+            from tba.samplers.vllm import fast_cpu_env
+
+            return fast_cpu_env()
+        return {}
+
     def _spawn(self, rank: int):
+        env = self._child_env()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # spawn copies this process's environment into the child
+        try:
+            return self._start_process(rank)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def _start_process(self, rank: int):
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(
             rank, self._incarnation[rank], to_dict(self.cfg), self.sources, self.threads, self._states[rank],
-            self.shared, self.version, self.lock, self.queue, self.stop_event, self.requests[rank], os.getpid()))
+            self.transport.spec(), self.queue, self.stop_event, self.requests[rank], os.getpid()))
         p.start()
         return p
 
@@ -131,6 +162,7 @@ class LocalRuntime:
             old.kill()
         old.join(timeout=5)
         self._incarnation[rank] += 1
+        self.transport.rejoin()
         self.log(f"searcher {rank} {why.splitlines()[0] if why else ''} — restarting it "
                  f"({self.restarts}/{limit} restarts used)")
         if why and "\n" in why:
@@ -141,6 +173,7 @@ class LocalRuntime:
             self.requests[rank].release()  # sync mode: the request the dead searcher took is re-issued
 
     def _check_alive(self) -> None:
+        self.transport.check()
         for rank, p in enumerate(self._procs):
             if not p.is_alive():
                 self._restart(rank, f"died (exit code {p.exitcode}); its own output (stderr, above) has the cause")
@@ -207,10 +240,7 @@ class LocalRuntime:
         return newest_reward_error(list(self._stats.values()))
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        flat = flatten(weights)
-        with self.lock:
-            self.shared.copy_(flat)
-            self.version.value = version
+        self.transport.publish(weights, version)
 
     def stats(self) -> dict[str, float]:
         return {**aggregate_stats(list(self._stats.values())), "searcher/restarts": self.restarts}
@@ -219,8 +249,13 @@ class LocalRuntime:
         return self._placement
 
     def stop(self) -> None:
-        if not self._procs:
-            return
+        if self._procs:
+            self._stop_searchers()
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+    def _stop_searchers(self) -> None:
         self.stop_event.set()
         deadline = time.monotonic() + 10
         while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
@@ -239,3 +274,17 @@ class LocalRuntime:
         self._procs = []
         self.queue.close()
         self.queue.cancel_join_thread()
+
+
+def _check_distinct_gpus(cfg: RunConfig, trainer: torch.device) -> None:
+    """NCCL cannot put two ranks on one GPU: a broadcast needs every searcher on a GPU of its own."""
+    from tba.models import resolve_device
+
+    def index(d: torch.device) -> int | None:
+        return (d.index if d.index is not None else torch.cuda.current_device()) if d.type == "cuda" else None
+
+    devices = [resolve_device(d.strip()) for d in (cfg.search.device or cfg.model.device).split(",")]
+    if any(index(d) == index(trainer) for d in devices):
+        raise SearcherError(f"search.weight_transport=broadcast on GPUs (NCCL) needs every searcher on a GPU other "
+                            f"than the trainer's ({trainer}); search.device={cfg.search.device!r} shares it. Use "
+                            "weight_transport=shared (CUDA IPC), or give searchers their own GPUs")

@@ -10,6 +10,12 @@ Each actor keeps `pipeline_depth` step() calls queued, so it generates back to b
 trains (async) — no barrier: the newest weights ride along with the next call submitted after a
 publish, and Ray fetches them once per node. In sync mode the loop submits one call per actor and waits.
 
+Weights (search.weight_transport): `object_store` (auto for CPU weights) — `ray.put` of CPU copies, as
+drawn above; `broadcast` (auto when the trainer is on a GPU) — a torch.distributed group (NCCL, or gloo on
+CPU) whose store listens on the driver's node IP; each actor runs a receiver thread and loads the newest
+weights at the start of a step() (tba.runtime.broadcast). Control stays Ray calls either way; after Ray
+restarts an actor, `restore` hands it the new group to join.
+
 `ray.address` joins an existing cluster (`ray start --head` …); otherwise a private Ray starts on
 127.0.0.1 with the dashboard off and is shut down at the end. Every worker node must have `tba` installed
 (same version) and see the model sources (hub names, or paths on a shared filesystem). Ray clusters have
@@ -32,6 +38,7 @@ from tba.runtime.base import (
     restore_searcher,
     worker_state,
 )
+from tba.runtime.transport import choose_transport, make_sender
 from tba.types import Group
 
 try:
@@ -42,29 +49,45 @@ except ImportError:  # the optional extra is missing
 
 class _SearcherActor:
     def __init__(self, rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None,
-                 version: int):
+                 version: int, weights_spec=None):
         self.searcher = build_searcher(rank, cfg_dict, sources, threads, state, version)
         self.rank, self.t_start, self.busy, self.sync_s = rank, time.perf_counter(), 0.0, 0.0
+        self.receiver, self._weights_spec = None, weights_spec
 
-    def restore(self, state: dict | None) -> None:
-        """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`."""
+    def _open(self, spec) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+        self.receiver = spec.open(self.rank, self.searcher.reference.device, ray.util.get_node_ip_address())
+        self.receiver.load_initial(self.searcher)
+
+    def restore(self, state: dict | None, weights_spec=None) -> None:
+        """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`,
+        with the newest weights when they come by broadcast (the object store sends them with the next step)."""
         restore_searcher(self.searcher, state)
+        if weights_spec is not None:
+            self._open(weights_spec)  # the group the driver formed for this incarnation
 
     def ready(self) -> dict:
+        """First start only (restarts get `restore`): join the weight group, load the trainer's weights."""
         import socket
 
+        if self._weights_spec is not None:
+            self._open(self._weights_spec)
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
 
     def step(self, version: int | None = None, weights: dict | None = None):
+        t0 = time.perf_counter()
         if weights is not None and version > self.searcher.version:
-            t0 = time.perf_counter()
             self.searcher.load_weights(weights, version)
             self.sync_s += time.perf_counter() - t0
+        elif self.receiver is not None:
+            self.sync_s += self.receiver.poll(self.searcher)
         groups = self.searcher.step()
         self.busy += self.searcher.last_step_s
         return groups, {"rank": self.rank, "version": self.searcher.version,
                         "samples": self.searcher.samples_generated, "busy": self.busy,
                         "alive_s": time.perf_counter() - self.t_start, "sync_s": self.sync_s,
+                        "generate_s": self.searcher.generate_s, "loads": self.searcher.loads,
                         "state": worker_state(self.searcher), "reward_error": self.searcher.last_reward_error}
 
 
@@ -77,6 +100,9 @@ class RayRuntime:
             raise RuntimeError("runtime=ray needs Ray: pip install 'tba[ray]' (or pip install 'ray[default]')")
         self.cfg, self.sources, self.threads, self.log = cfg, sources, threads_per_searcher, log
         self._version, self._initial = version, initial_weights
+        device = next(iter(initial_weights.values())).device
+        self.transport_kind = choose_transport(cfg.search.weight_transport, "ray", device)
+        self.transport = None  # broadcast: the trainer's end of the group
         self._states: list[dict | None] = list(states) if states else [None] * cfg.search.num_searchers
         self.restarts = 0
         self._recovering: dict[int, tuple] = {}  # actor index → (restore ObjectRef, deadline)
@@ -104,12 +130,19 @@ class RayRuntime:
             num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=s.resources or {}, max_restarts=s.max_restarts,
             max_task_retries=0)
         cfg_dict = to_dict(self.cfg)
-        self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], self._version)
-                       for rank in range(s.num_searchers)]
+        spec = None
+        if self.transport_kind == "broadcast":  # the store listens on this (the driver's) node's IP
+            self.transport = make_sender("broadcast", self._initial, num_searchers=s.num_searchers,
+                                         timeout_s=s.ready_timeout_s, host=ray.util.get_node_ip_address())
+            self.transport.publish(self._initial, self._version)  # every actor loads it before it is ready
+            spec = self.transport.spec()
+        self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], self._version,
+                                        spec) for rank in range(s.num_searchers)]
         self._sent_version = [self._version] * len(self.actors)
-        if self._version > 0:  # resumed: the actors loaded the starting policy, send them the trainer's
-            self._latest = (self._version, ray.put(self._initial))
+        if self._version > 0 and spec is None:  # resumed: the actors loaded the starting policy, send the trainer's
+            self._latest = (self._version, ray.put(_cpu(self._initial)))
             self._sent_version = [-1] * len(self.actors)
+        self._initial = None
         self._placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
         if not self.sync:
             for i in range(len(self.actors)):
@@ -163,8 +196,13 @@ class RayRuntime:
         if isinstance(error, ray.exceptions.RayTaskError):  # an exception: the actor is alive but suspect
             ray.kill(self.actors[i], no_restart=False)
         deadline = time.monotonic() + self.cfg.search.ready_timeout_s
-        self._recovering[i] = (self.actors[i].restore.remote(self._states[i]), deadline)
+        if self.transport is not None:
+            self.transport.rejoin()  # a new group, which the restarted actor joins in `restore`
+        self._recovering[i] = (self._restore(i), deadline)
         self._sent_version[i] = -1  # the restarted actor gets the newest weights with its next call
+
+    def _restore(self, i: int):
+        return self.actors[i].restore.remote(self._states[i], self.transport and self.transport.spec())
 
     def _poll_recovering(self) -> None:
         for i, (ref, deadline) in list(self._recovering.items()):
@@ -176,7 +214,7 @@ class RayRuntime:
             try:
                 ray.get(ref)
             except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError):  # still restarting
-                self._recovering[i] = (self.actors[i].restore.remote(self._states[i]), deadline)
+                self._recovering[i] = (self._restore(i), deadline)
                 continue
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
                 raise SearcherError(f"searcher {i} could not be restored after a restart:\n{e}") from None
@@ -188,6 +226,8 @@ class RayRuntime:
 
     def collect(self, block: bool) -> list[Group]:
         groups: list[Group] = []
+        if self.transport is not None:
+            self.transport.check()
         self._poll_recovering()
         if block and self.sync:
             for i in range(len(self.actors)):
@@ -220,7 +260,10 @@ class RayRuntime:
         return groups
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        self._latest = (version, ray.put(weights))
+        if self.transport is not None:
+            self.transport.publish(weights, version)
+        else:
+            self._latest = (version, ray.put(_cpu(weights)))
 
     def stats(self) -> dict[str, float]:
         return {**aggregate_stats(list(self._stats.values())), "searcher/restarts": self.restarts}
@@ -236,10 +279,17 @@ class RayRuntime:
         return self._placement
 
     def stop(self) -> None:
-        if ray is None or not ray.is_initialized():
-            return
-        for a in self.actors:
-            ray.kill(a)
-        self.actors, self._in_flight = [], {}
-        if self._started_ray:
-            ray.shutdown()
+        if ray is not None and ray.is_initialized():
+            for a in self.actors:
+                ray.kill(a)
+            self.actors, self._in_flight = [], {}
+            if self._started_ray:
+                ray.shutdown()
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+
+def _cpu(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The object store pickles tensors: GPU ones must come to the host first (`ray.put` then copies them)."""
+    return {k: v.detach().cpu() for k, v in weights.items()}

@@ -1,0 +1,251 @@
+"""Weight transports: how the trainer's published weights reach searchers in other processes.
+
+Both ends agree on a `WeightLayout`, computed once from the trainer's synced tensors (`tba.models.
+synced_tensors`): every tensor's name, shape and dtype, packed into one flat buffer per dtype, so a bf16 model
+travels as bf16 (no fp32 up-cast) in as few pieces as it has dtypes, tied weights once, and the receiving end
+rebuilds named views without having a model. A searcher loads weights only through
+`Searcher.load_weights(named tensors, version)`, whatever the transport — the vLLM sampler needs the names.
+
+Trainer side, a `WeightSender`: `publish` copies the trainer's tensors into its own buffers before it returns
+(`Trainer.weights()` hands out the live tensors), `spec()` is the picklable handle a searcher process (or Ray
+actor) opens as a `WeightReceiver`, and `rejoin()` is called before a failed searcher is replaced. Searcher
+side, a `WeightReceiver`: `load_initial` before the searcher reports ready, `poll` at every batch boundary
+(returns the seconds spent loading: `sync/searcher_load_s`).
+
+Transports: `shared` (here; the local runtime's default), `broadcast` (tba.runtime.broadcast: a
+torch.distributed group), and Ray's object store (tba.runtime.ray).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from tba.runtime.base import SearcherError
+
+TRANSPORTS = ("shared", "broadcast", "object_store")
+LOCK_TIMEOUT_S = 60.0
+"""Longest wait for the shared buffers' lock, held by either side only for one memory copy: past it, the
+holder died inside the copy (kill -9 at that instant), and the run stops with SearcherError instead of hanging."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    """First element in the flat buffer of this slot's dtype."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Where each named tensor lives in one flat buffer per dtype (picklable: sent to searchers once)."""
+
+    slots: tuple[Slot, ...]
+    dtypes: tuple[torch.dtype, ...]
+    sizes: tuple[int, ...]
+    """Elements per buffer, aligned with `dtypes`."""
+
+    @classmethod
+    def of(cls, weights: dict[str, torch.Tensor]) -> WeightLayout:
+        """Tied tensors (one memory under two names: embeddings and LM head) get one place, so they travel once."""
+        sizes: dict[torch.dtype, int] = {}
+        slots, placed = [], {}
+        for name, t in weights.items():
+            same = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+            offset = placed.get(same) if t.numel() else None
+            if offset is None:
+                offset = placed[same] = sizes.get(t.dtype, 0)
+                sizes[t.dtype] = offset + t.numel()
+            slots.append(Slot(name, t.dtype, tuple(t.shape), offset))
+        return cls(tuple(slots), tuple(sizes), tuple(sizes.values()))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n * torch.empty((), dtype=d).element_size() for d, n in zip(self.dtypes, self.sizes, strict=True))
+
+    def allocate(self, device: torch.device | str) -> list[torch.Tensor]:
+        return [torch.empty(n, dtype=d, device=device) for d, n in zip(self.dtypes, self.sizes, strict=True)]
+
+    def views(self, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named tensors backed by `buffers` (no copy), in the trainer's order."""
+        index = {d: i for i, d in enumerate(self.dtypes)}
+        return {s.name: buffers[index[s.dtype]][s.offset:s.offset + s.numel].view(s.shape) for s in self.slots}
+
+    def pack(self, weights: dict[str, torch.Tensor], buffers: list[torch.Tensor]) -> None:
+        """Copy `weights` (same names, shapes and dtypes as the layout's) into `buffers`."""
+        views = self.views(buffers)
+        if weights.keys() != views.keys():
+            raise ValueError(f"published weights do not match the layout: missing "
+                             f"{sorted(views.keys() - weights.keys())[:3]}, unexpected "
+                             f"{sorted(weights.keys() - views.keys())[:3]}")
+        with torch.no_grad():
+            for name, view in views.items():
+                t = weights[name]
+                if t.dtype != view.dtype or t.shape != view.shape:
+                    raise ValueError(f"published tensor {name} is {t.dtype} {tuple(t.shape)}, the layout has "
+                                     f"{view.dtype} {tuple(view.shape)}")
+                view.copy_(t)
+
+
+class WeightReceiver(Protocol):
+    def load_initial(self, searcher) -> None:
+        """Load the newest published weights now (before the searcher reports ready), waiting if needed."""
+
+    def poll(self, searcher) -> float:
+        """Load newer weights if there are any; returns the seconds spent (0.0 if nothing was loaded)."""
+
+    def close(self) -> None:
+        """Stop background work (threads, group membership)."""
+
+
+class WeightSender(Protocol):
+    kind: str
+
+    def spec(self):
+        """A picklable handle that searcher i's process turns into its receiver: `spec().open(i, device, host)`,
+        `device` the searcher's and `host` the address of its node (for transports that listen)."""
+
+    def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Copy `weights` out of the trainer's tensors and make them the newest version for every searcher."""
+
+    def rejoin(self) -> None:
+        """A searcher is about to be replaced: make room for its new incarnation (call `spec()` afterwards)."""
+
+    def check(self) -> None:
+        """Raise SearcherError if weights can no longer be delivered."""
+
+    def close(self) -> None:
+        """Release buffers, threads and ports."""
+
+
+def choose_transport(setting: str, runtime: str, device: torch.device) -> str:
+    """`search.weight_transport`, with auto resolved: local → shared (CPU shared memory or CUDA IPC);
+    ray → the object store for CPU weights, a broadcast (NCCL) when the trainer is on a GPU."""
+    if setting not in ("auto", *TRANSPORTS):
+        raise ValueError(f"unknown search.weight_transport {setting!r}")
+    if setting != "auto":
+        return setting
+    if runtime == "local":
+        return "shared"
+    return "broadcast" if device.type == "cuda" else "object_store"
+
+
+def _sync(*devices: torch.device) -> None:
+    for d in {d for d in devices if d.type == "cuda"}:
+        torch.cuda.synchronize(d)
+
+
+class SharedSender:
+    """Trainer-owned flat buffers on the trainer's own device, handed to spawned searcher processes.
+
+    CPU: shared memory. CUDA: the buffers stay on the trainer's GPU and reach the children through
+    torch.multiprocessing as CUDA IPC handles (no host copy; this process must outlive them, which it does).
+    A version counter and a lock go with them; the lock covers one memory copy on either side.
+    """
+
+    kind = "shared"
+
+    def __init__(self, layout: WeightLayout, device: torch.device, ctx):
+        self.layout, self.device = layout, torch.device(device)
+        self.buffers = layout.allocate(self.device)
+        if self.device.type == "cpu":
+            self.buffers = [b.share_memory_() for b in self.buffers]
+        self.version = ctx.Value("q", -1, lock=False)
+        self.lock = ctx.Lock()
+
+    def spec(self) -> SharedSpec:
+        return SharedSpec(self.layout, self.buffers, self.version, self.lock)
+
+    def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise SearcherError(f"the shared weight buffers stayed locked for {LOCK_TIMEOUT_S:.0f}s: a searcher "
+                                "died while copying them; stopping the run")
+        try:
+            self.layout.pack(weights, self.buffers)
+            _sync(self.device)  # IPC memory has no cross-process stream order: the copy is done before the bump
+            self.version.value = version
+        finally:
+            self.lock.release()
+
+    def rejoin(self) -> None:
+        pass  # a restarted process receives the same buffers
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.buffers = []
+
+
+@dataclass
+class SharedSpec:
+    """Travels to a spawned searcher process as a Process argument (shared memory / CUDA IPC handles)."""
+
+    layout: WeightLayout
+    buffers: list[torch.Tensor]
+    version: object
+    lock: object
+
+    def open(self, searcher: int, device: torch.device, host: str | None = None) -> SharedReceiver:
+        return SharedReceiver(self, device)
+
+
+class SharedReceiver:
+    """Snapshot under the lock into a staging buffer on the searcher's device (device to device when the
+    trainer's GPU is another one), then load outside it: the trainer never waits longer than one copy."""
+
+    def __init__(self, spec: SharedSpec, device: torch.device):
+        self.spec, self.device = spec, torch.device(device)
+        self.staging = spec.layout.allocate(self.device)
+
+    def load_initial(self, searcher) -> None:
+        self._load(searcher)
+
+    def poll(self, searcher) -> float:
+        if self.spec.version.value <= searcher.version:
+            return 0.0
+        t0 = time.perf_counter()
+        self._load(searcher)
+        return time.perf_counter() - t0
+
+    def _load(self, searcher) -> None:
+        if not self.spec.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise RuntimeError(f"the shared weight buffers stayed locked for {LOCK_TIMEOUT_S:.0f}s")
+        try:
+            version = self.spec.version.value
+            for dst, src in zip(self.staging, self.spec.buffers, strict=True):
+                dst.copy_(src)
+            _sync(self.device, *(b.device for b in self.spec.buffers))
+        finally:
+            self.spec.lock.release()
+        searcher.load_weights(self.spec.layout.views(self.staging), version)
+
+    def close(self) -> None:
+        self.staging = []
+
+
+def make_sender(kind: str, weights: dict[str, torch.Tensor], *, num_searchers: int, timeout_s: float,
+                host: str = "127.0.0.1", ctx=None) -> WeightSender:
+    """The trainer's end of transport `kind` (shared | broadcast), laid out after `weights` (which it does not
+    copy: the runtime publishes the starting weights before it starts any searcher)."""
+    layout = WeightLayout.of(weights)
+    device = next(iter(weights.values())).device
+    if kind == "shared":
+        return SharedSender(layout, device, ctx)
+    if kind == "broadcast":
+        from tba.runtime.broadcast import BroadcastSender
+
+        return BroadcastSender(layout, device, num_searchers=num_searchers, host=host, timeout_s=timeout_s)
+    raise ValueError(f"weight transport {kind!r} has no sender here (object_store is the Ray runtime's own)")

