@@ -1,4 +1,5 @@
-"""Sampling and scoring: EOS cuts, result order, and the searcher/trainer log-prob consistency.
+"""Sampling and scoring: EOS cuts, result order, and the searcher/trainer log-prob consistency; the decode loop
+against transformers on every model family the recipes use.
 
 The randomly initialised tiny model is nearly uniform over ~20 tokens, so at T = 1 about half of 16-token
 samples hit EOS: both the EOS-terminated and the truncated cases occur under a fixed seed.
@@ -115,3 +116,110 @@ def test_logits_are_computed_only_from_the_earliest_response_on_and_still_match(
             full = torch.log_softmax(tiny_model(torch.tensor([p + r])).logits[0], -1)
             expected = torch.stack([full[len(p) - 1 + t, tok] for t, tok in enumerate(r)])
             torch.testing.assert_close(together[i, :len(r)], expected, atol=1e-5, rtol=0)
+
+
+# ---- the decode loop across model families --------------------------------------------------------------------
+# The loop drives the model's forward itself (prefill once, slot KV cache, GQA decode attention, dropped finished
+# rows), so each family the recipes use is checked against transformers: Llama (also grouped-query, as SmolLM2),
+# GPT-2 (red-teaming), GPT-NeoX (TL;DR / Pythia) and a PEFT LoRA wrapper with non-zero adapters.
+
+def _family(name: str, tok):
+    from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig
+
+    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)
+    small = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, max_position_embeddings=128,
+                 initializer_range=0.3)  # sharp enough that greedy never meets a near-tie
+    config = {
+        "llama-gqa": lambda: LlamaConfig(**ids, **small, num_attention_heads=4, num_key_value_heads=2),
+        "gpt2": lambda: GPT2Config(**ids, n_embd=32, n_layer=2, n_head=2, n_positions=128, initializer_range=0.3),
+        "gpt-neox": lambda: GPTNeoXConfig(**ids, **small, num_attention_heads=2),
+    }
+    torch.manual_seed(0)
+    if name == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        base = AutoModelForCausalLM.from_config(config["llama-gqa"]())
+        lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+        return get_peft_model(base, lora).eval()
+    return AutoModelForCausalLM.from_config(config[name]()).eval()
+
+
+FAMILIES = ["llama-gqa", "gpt2", "gpt-neox", "lora"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request, tiny_tokenizer):
+    return _family(request.param, tiny_tokenizer)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_every_family_samples_with_the_trainers_logprobs(family_model, tiny_tokenizer, prompts, top_p):
+    s, t, pad = 5, 0.7, tiny_tokenizer.pad_token_id
+    torch.manual_seed(0)
+    out = generate(family_model, prompts, num_samples=s, temperature=t, top_p=top_p, max_new_tokens=12,
+                   eos_id=tiny_tokenizer.eos_token_id, pad_id=pad)
+    flat = [p for p in prompts for _ in range(s)]
+    logp, _ = response_logprobs(family_model, flat, [r for r, _ in out], t, pad)
+    for i, (response, behaviour) in enumerate(out):
+        assert 1 <= len(response) <= 12 and len(behaviour) == len(response)
+        if top_p == 1.0:  # top-p renormalises, so only the unfiltered case equals the trainer's log π
+            torch.testing.assert_close(torch.tensor(behaviour), logp[i, : len(response)], atol=1e-4, rtol=0)
+        else:  # ≥ the unfiltered log-prob: the same p divided by a kept mass ≤ 1
+            assert (torch.tensor(behaviour) >= logp[i, : len(response)] - 1e-4).all()
+    assert family_model.config._attn_implementation == "sdpa"  # the decode-time switch was undone
+
+
+def test_every_family_decodes_greedy_as_transformers_generate(family_model, tiny_tokenizer, prompts):
+    from tba.generation import _pad
+
+    eos, pad = tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id
+    ours = generate(family_model, prompts, greedy=True, max_new_tokens=10, eos_id=eos, pad_id=pad)
+    ids, mask = _pad(prompts, pad, left=True)
+    with torch.no_grad():
+        theirs = family_model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10,
+                                       eos_token_id=eos, pad_token_id=pad)[:, ids.shape[1]:].tolist()
+    for (response, logp), row in zip(ours, theirs, strict=True):
+        n = row.index(eos) + 1 if eos in row else len(row)
+        assert response == row[:n] and logp == []
+
+
+def test_top_p_keeps_transformers_nucleus_and_renormalises(tiny_model, tiny_tokenizer, prompts):
+    """Each behaviour log-prob equals log_softmax of HF's TopPLogitsWarper output (logits ÷ T, then top-p) at
+    that position, so the sampled token was inside the nucleus and p was renormalised over it."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    t, top_p, pad = 0.7, 0.6, tiny_tokenizer.pad_token_id
+    torch.manual_seed(0)
+    out = generate(tiny_model, prompts, num_samples=4, temperature=t, top_p=top_p, max_new_tokens=8,
+                   eos_id=tiny_tokenizer.eos_token_id, pad_id=pad)
+    warper = TopPLogitsWarper(top_p)
+    with torch.no_grad():
+        for i, (response, behaviour) in enumerate(out):
+            prompt = prompts[i // 4]
+            logits = tiny_model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1:-1] / t  # [R, V]
+            expected = torch.log_softmax(warper(None, logits), -1).gather(-1, torch.tensor(response)[:, None])
+            torch.testing.assert_close(torch.tensor(behaviour), expected.squeeze(-1), atol=1e-4, rtol=0)
+
+
+def test_sampling_draws_from_softmax_of_logits_over_t_with_and_without_top_p():
+    from tba.generation import _sample as draw
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0]).repeat(40_000, 1)  # 40k independent draws
+    p = torch.softmax(logits[0] / 0.7, -1)
+    torch.manual_seed(0)
+    token, logp = draw(logits, 0.7, 1.0, greedy=False)
+    torch.testing.assert_close(torch.bincount(token, minlength=5) / len(token), p, atol=0.01, rtol=0)
+    torch.testing.assert_close(logp, p.log()[token])
+    # top-p 0.8 keeps the smallest prefix (in descending p) whose mass reaches 0.8, here tokens 0 and 1
+    assert p[0] < 0.8 <= p[:2].sum()
+    token, logp = draw(logits, 0.7, 0.8, greedy=False)
+    kept = torch.cat([p[:2] / p[:2].sum(), torch.zeros(3)])
+    torch.testing.assert_close(torch.bincount(token, minlength=5) / len(token), kept, atol=0.01, rtol=0)
+    torch.testing.assert_close(logp, kept.log()[token])
+
+
+def test_sampling_is_reproducible_under_a_fixed_seed(tiny_model, tiny_tokenizer, prompts):
+    first = _sample(tiny_model, tiny_tokenizer, prompts, num_samples=3, seed=7)
+    assert _sample(tiny_model, tiny_tokenizer, prompts, num_samples=3, seed=7) == first
+    assert _sample(tiny_model, tiny_tokenizer, prompts, num_samples=3, seed=8) != first

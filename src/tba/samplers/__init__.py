@@ -10,8 +10,8 @@ A searcher needs exactly two things from whatever produces its completions:
 
 Everything else — prompts, reference log-probs (always the HF reference forward, the same code as the
 trainer's, so TB's residual compares like with like), rewards, versions — stays in `tba.searcher`.
-Backends: `hf` (transformers `generate`, tba.samplers.hf) and `vllm` (vllm.LLM in the searcher's process,
-tba.samplers.vllm). `search.backend` picks one.
+Backends: `hf` (the transformers model, decoded by tba.generation.generate) and `vllm` (vllm.LLM in the
+searcher's process, tba.samplers.vllm). `search.backend` picks one.
 """
 
 from __future__ import annotations
