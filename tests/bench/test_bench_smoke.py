@@ -106,3 +106,12 @@ def test_sampler_bench_smoke_vllm(tmp_path, monkeypatch):
     run_bench("sampler", ["--smoke", "--backends", "hf", "vllm", "--dtypes", "float32", "--results", str(results)],
               monkeypatch)
     assert {r.get("variant") or r["backend"] for r in rows_of(results)} == {"hf", "vllm"}
+
+
+@pytest.mark.slow
+def test_backends_recipe_bench_smoke(tmp_path, monkeypatch):
+    results = tmp_path / "backends.md"
+    run_bench("backends_recipe", ["--smoke", "--backends", "hf", "--out", str(tmp_path / "out"), "--results",
+                                  str(results), f"sft.cache_dir={tmp_path / 'sft'}"], monkeypatch)
+    (row,) = rows_of(results)
+    assert row["backend"] == "hf" and row["steps"] == 3 and row["sampler_tokens_per_s"] > 0
