@@ -77,12 +77,21 @@ def test_ctrl_c_leaves_no_vllm_process_behind(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "interrupted" in output, output[-3000:]  # stopped after a step, checkpointed
-    time.sleep(1)
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.getsid(int(pid)) == proc.pid:
-                left.append(open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:100])
-        except OSError:
-            pass
-    assert not left, left
+    assert not _live_in_session(proc.pid, wait_s=15)
+
+
+def _live_in_session(sid: int, wait_s: float) -> list[str]:
+    """Command lines of live (not zombie) processes in session `sid`, once they have had `wait_s` to exit."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+                if os.getsid(int(pid)) == sid and state != "Z":
+                    left.append(open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:100])
+            except OSError:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
