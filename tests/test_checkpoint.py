@@ -70,3 +70,110 @@ def test_disk_full_names_the_problem_and_keeps_the_last_good_checkpoint(tmp_path
         ckpt.save(tmp_path, step=2, policy=model, tokenizer=tiny_tokenizer, optimizer=opt, state={})
     assert ckpt.latest(tmp_path) == good and json.loads((good / "state.json").read_text())["x"] == 1
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+TENSORS = "tensors.safetensors"
+
+
+def _truncate(file, keep=0.5):
+    data = file.read_bytes()
+    file.write_bytes(data[:int(len(data) * keep)])
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_with_a_warning_naming_the_file(tmp_path, tiny_model,
+                                                                                 tiny_tokenizer):
+    model, opt = _trained(tiny_model)
+    old, new = (ckpt.save(tmp_path, step=s, policy=model, tokenizer=tiny_tokenizer, optimizer=opt, state={})
+                for s in (1, 2))
+    assert ckpt.latest(tmp_path) == new
+    _truncate(new / "model" / "model.safetensors")
+    with pytest.warns(RuntimeWarning, match="model.safetensors: truncated"):  # no log: a Python warning
+        assert ckpt.latest(tmp_path) == old
+    logged = []
+    assert ckpt.latest(tmp_path, log=logged.append) == old
+    assert len(logged) == 1 and str(new / "model" / "model.safetensors") in logged[0]
+    assert "truncated" in logged[0] and f"using {old} instead" in logged[0]
+
+    _truncate(old / "model" / "model.safetensors")
+    (old / TENSORS).write_bytes((old / TENSORS).read_bytes()[:-1])  # one byte short is caught as well
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.latest(tmp_path, log=logged.append)
+    msg = str(info.value)
+    for bad in (new / "model" / "model.safetensors", old / "model" / "model.safetensors", old / TENSORS):
+        assert f"{bad}: truncated" in msg
+    assert msg.startswith(f"no usable checkpoint in {tmp_path / 'checkpoints'}") and len(logged) == 1
+
+
+
+def test_unusable_checkpoint_files_are_each_named_with_the_reason(tmp_path, tiny_model, tiny_tokenizer):
+    model, opt = _trained(tiny_model)
+    path = ckpt.save(tmp_path, step=1, policy=model, tokenizer=tiny_tokenizer, optimizer=opt, state={},
+                     reference=model)
+    assert ckpt.problems(path) == []
+    config, ref, tensors = path / "model" / "config.json", path / "reference" / "model.safetensors", path / TENSORS
+    config.write_text('{"model_type": ')
+    size = ref.stat().st_size
+    ref.write_bytes(ref.read_bytes() + b"\0")  # a trailing byte: safetensors refuses it too
+    header = 8 + int.from_bytes(tensors.read_bytes()[:8], "little")
+    tensors.write_bytes(tensors.read_bytes()[:header - 1])  # cut inside the header
+    assert ckpt.problems(path) == [f"{config}: corrupt (JSONDecodeError: Expecting value: line 1 column 16 (char 15))",
+                                   f"{ref}: too long ({size + 1} bytes, the header says {size})",
+                                   f"{tensors}: truncated ({header - 1} bytes, the header alone needs {header})"]
+    (path / "model" / "model.safetensors").unlink()
+    assert f"{path / 'model'}: no *.safetensors weights" in ckpt.problems(path)
+    with pytest.raises(ckpt.CheckpointError, match="no usable checkpoint"):
+        ckpt.latest(tmp_path)
+
+
+class _FakeCuda:
+    """torch.cuda's RNG API for `n` devices, without a GPU: states are byte tensors, set ones are recorded."""
+
+    def __init__(self, monkeypatch, n: int, initialized: bool = True):
+        self.states = [torch.arange(16, dtype=torch.uint8) + 16 * i for i in range(n)]
+        self.restored = None
+        for name, fake in {"is_available": lambda: True, "is_initialized": lambda: initialized,
+                           "device_count": lambda: n, "get_rng_state_all": self.get,
+                           "set_rng_state_all": self.set}.items():
+            monkeypatch.setattr(torch.cuda, name, fake)
+
+    def get(self):
+        return [s.clone() for s in self.states]
+
+    def set(self, states):
+        self.restored = [s.clone() for s in states]
+
+
+def test_cuda_rng_states_are_saved_and_restored_on_as_many_devices(tmp_path, tiny_model, tiny_tokenizer,
+                                                                    monkeypatch):
+    model, opt = _trained(tiny_model)
+    fake = _FakeCuda(monkeypatch, 2)
+    path = ckpt.save(tmp_path, step=1, policy=model, tokenizer=tiny_tokenizer, optimizer=opt, state={})
+    state = ckpt.load(path)["rng"]
+    assert len(state["cuda"]) == 2
+    ckpt.set_rng_state(state)
+    assert fake.restored is not None and all(map(torch.equal, fake.restored, fake.states))
+
+    fewer = _FakeCuda(monkeypatch, 1)  # resumed with another number of GPUs: a warning, nothing restored
+    with pytest.warns(RuntimeWarning, match=r"2 CUDA generator\(s\) but this process sees 1"):
+        ckpt.set_rng_state(state)
+    assert fewer.restored is None
+    older = {k: v for k, v in state.items() if k != "cuda"}  # a checkpoint from before CUDA states were kept
+    ckpt.set_rng_state(older)
+    assert fewer.restored is None
+
+    _FakeCuda(monkeypatch, 2, initialized=False)  # CUDA available but unused: not initialised to save
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("would initialise CUDA"))
+    assert "cuda" not in ckpt.rng_state()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_rng_round_trip_on_a_gpu():
+    torch.cuda.manual_seed_all(5)
+    torch.rand(1, device="cuda")  # initialises CUDA and advances its generator
+    state = json.loads(json.dumps(ckpt.rng_state()))
+    assert len(state["cuda"]) == torch.cuda.device_count()
+    expected = torch.rand(8, device="cuda")
+    torch.cuda.manual_seed_all(6)
+    ckpt.set_rng_state(state)
+    assert torch.equal(torch.rand(8, device="cuda"), expected)

@@ -144,3 +144,30 @@ def test_overwrite_replaces_a_previous_run(tmp_path, cache):
     assert main(["train", f"output_dir={out}", f"sft.cache_dir={cache}", *TINY, *INLINE, "trainer.steps=3",
                  "--overwrite"]) == 0
     assert steps_logged(out) == [1, 2, 3] and json.loads((out / "summary.json").read_text())["resumed_at_steps"] == []
+
+
+def test_resume_skips_a_truncated_newest_checkpoint_and_names_the_bad_files(tmp_path, cache, capsys):
+    import warnings
+
+    out = tmp_path / "run"
+    assert tba(out, cache, *INLINE, "trainer.steps=2", "checkpoint.every_steps=1") == 0
+    root = out / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step_0000002" and (root / "step_0000001").is_dir()
+    bad = root / "step_0000002" / "model" / "model.safetensors"
+    bad.write_bytes(bad.read_bytes()[:1000])
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:  # the loop may report it through its log or warn
+        warnings.simplefilter("always")
+        assert main(["train", "--resume", str(out), "trainer.steps=3"]) == 0
+    err = capsys.readouterr().err + "".join(str(w.message) for w in caught)
+    assert f"{bad}: truncated" in err and f"resuming {out} from step_0000001 (step 1)" in err
+    assert steps_logged(out) == [1, 2, 3]
+
+    for step in (1, 2, 3):  # every checkpoint damaged: the CLI names the files instead of a traceback
+        model = root / f"step_{step:07d}" / "model" / "model.safetensors"
+        if model.is_file():
+            model.write_bytes(model.read_bytes()[:1000])
+    assert main(["train", "--resume", str(out), "trainer.steps=4"]) == 1
+    err = capsys.readouterr().err
+    assert f"tba: CheckpointError: no usable checkpoint in {root}" in err and "Traceback" not in err
+    assert all(f"{root / f'step_{s:07d}' / 'model' / 'model.safetensors'}: truncated" in err for s in (2, 3))

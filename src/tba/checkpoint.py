@@ -5,7 +5,8 @@ Layout under `RUN_DIR/checkpoints/`:
     step_0000050/model/            policy + tokenizer, save_pretrained (safetensors)
     step_0000050/reference/        TBA′ only: the trainer's (periodically reset) reference
     step_0000050/tensors.safetensors   optimizer moments and step counters
-    step_0000050/state.json        step, version, optimizer hyperparameters, Python/NumPy/torch RNG states,
+    step_0000050/state.json        step, version, optimizer hyperparameters, Python/NumPy/torch RNG states
+                                   (+ the CUDA generators' where CUDA is in use),
                                    replay-buffer sampling state, searcher prompt cursors (+ their RNG),
                                    loop counters (evals so far, rewards seen, timings)
     latest                         name of the newest complete checkpoint
@@ -14,6 +15,16 @@ Atomicity: everything is written into `step_N.tmp/`, fsynced, then the directory
 and `latest` is replaced by rename — a crash at any point leaves the previous checkpoint as `latest`.
 Reading never unpickles: tensors come from safetensors, everything else from JSON. The LR and β
 schedules are pure functions of the step, so the step is their whole state.
+
+Resuming (`latest`) takes the newest *usable* checkpoint, not just the newest complete one: every safetensors
+file it holds (model/, reference/, tensors.safetensors) must be as long as its header says (a cheap check of
+the header and the file size, no tensor is read) and model/config.json must parse. A damaged newest checkpoint
+(a truncated file, say) is skipped with a warning naming the file and the checkpoint used instead; when no
+complete checkpoint is usable, CheckpointError names every bad file.
+
+CUDA RNG states are saved only where CUDA is already initialized (saving never initialises it) and restored
+only on as many devices as they were saved from (otherwise a warning, and the generators stay as they are);
+checkpoints without them load as before.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ import json
 import os
 import random
 import shutil
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,19 +60,34 @@ def decode_bytes(s: str) -> torch.Tensor:
 
 
 def rng_state() -> dict:
-    """This process's Python, NumPy and torch RNG states (JSON-able)."""
+    """This process's Python, NumPy and torch RNG states (JSON-able), and under "cuda" one state per CUDA
+    device if this process has initialised CUDA (it is not initialised for this)."""
     np_state, (version, internal, gauss) = np.random.get_state(), random.getstate()
-    return {"python": [version, list(internal), gauss],
-            "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-            "torch": encode_bytes(torch.get_rng_state())}
+    state = {"python": [version, list(internal), gauss],
+             "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+             "torch": encode_bytes(torch.get_rng_state())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [encode_bytes(s) for s in torch.cuda.get_rng_state_all()]
+    return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` returned. CUDA states are restored when this process sees as many devices
+    as they were saved from, else skipped with a warning; states without them (older checkpoints) load."""
     v, internal, gauss = state["python"]
     random.setstate((v, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(decode_bytes(state["torch"]))
+    cuda = state.get("cuda")
+    if cuda is not None:
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if devices == len(cuda):
+            torch.cuda.set_rng_state_all([decode_bytes(s) for s in cuda])
+        else:
+            warnings.warn(f"the saved RNG state holds {len(cuda)} CUDA generator(s) but this process sees "
+                          f"{devices} CUDA device(s): CUDA RNG not restored, so CUDA sampling will not repeat "
+                          "the interrupted run exactly", RuntimeWarning, stacklevel=2)
 
 
 def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -124,7 +152,10 @@ def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict,
         os.replace(latest_tmp, root / "latest")
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest(run_dir)
+        try:
+            previous = latest(run_dir, log=lambda msg: None)
+        except CheckpointError:
+            previous = None
         why = "disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "cannot write"
         raise CheckpointError(
             f"{why}: checkpoint of step {step} to {final} failed ({e}); the last good checkpoint "
@@ -135,16 +166,35 @@ def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict,
     return final
 
 
-def latest(run_dir: Path) -> Path | None:
-    """Newest complete checkpoint: the one `latest` names, else the highest step with a complete state."""
+def latest(run_dir: Path, log: Callable[[str], None] | None = None) -> Path | None:
+    """Newest usable checkpoint: the one `latest` names, else the highest step, as long as it is complete
+    and its files are intact (`problems`); a damaged one is passed over for the next, with a warning through
+    `log` (default: warnings.warn). None if there is no complete checkpoint at all; CheckpointError naming
+    every bad file if there are complete ones but none is usable."""
     root = Path(run_dir) / "checkpoints"
+    done = [p for p in sorted(root.glob("step_*"), reverse=True) if not p.name.endswith(".tmp") and _complete(p)]
     named = root / "latest"
     if named.is_file():
-        candidate = root / named.read_text().strip()
-        if _complete(candidate):
-            return candidate
-    done = [p for p in sorted(root.glob("step_*")) if not p.name.endswith(".tmp") and _complete(p)]
-    return done[-1] if done else None
+        name = named.read_text().strip()
+        done.sort(key=lambda p: p.name != name)  # stable: the named one first, then newest to oldest
+    bad: list[tuple[Path, list[str]]] = []
+    for path in done:
+        found = problems(path)
+        if not found:
+            if bad:
+                skipped = "; ".join(f"{p.name} ({', '.join(f)})" for p, f in bad)
+                msg = f"unusable checkpoint(s) skipped: {skipped}; using {path} instead"
+                if log is None:
+                    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                else:
+                    log(f"warning: {msg}")
+            return path
+        bad.append((path, found))
+    if bad:
+        raise CheckpointError(f"no usable checkpoint in {root}: " + "; ".join(
+            f"{p.name}: {', '.join(f)}" for p, f in bad) + f". Nothing to resume {run_dir} from; start it over "
+            "with `--overwrite`")
+    return None
 
 
 def _complete(path: Path) -> bool:
@@ -152,6 +202,74 @@ def _complete(path: Path) -> bool:
         return json.loads((path / STATE).read_text()).get("complete", False) and (path / TENSORS).is_file()
     except (OSError, ValueError):
         return False
+
+
+def problems(path: Path) -> list[str]:
+    """What makes checkpoint `path` unusable, one "FILE: why" per bad file (empty: usable). Cheap: parses
+    JSON and safetensors headers and compares file sizes, reads no tensor."""
+    found = []
+    for sub in ("model", "reference"):
+        d = path / sub
+        if sub == "reference" and not d.is_dir():
+            continue
+        try:
+            json.loads((d / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            found.append(f"{d / 'config.json'}: {_why(e)}")
+        index = d / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                shards = set(json.loads(index.read_text())["weight_map"].values())
+                found += [f"{d / s}: missing (listed in {index.name})" for s in sorted(shards) if not (d / s).is_file()]
+            except (OSError, ValueError, KeyError, AttributeError) as e:
+                found.append(f"{index}: {_why(e)}")
+        weights = sorted(d.glob("*.safetensors"))
+        if not weights and not index.is_file():
+            found.append(f"{d}: no *.safetensors weights")
+        found += [f"{f}: {why}" for f in weights if (why := safetensors_problem(f))]
+    if why := safetensors_problem(path / TENSORS):
+        found.append(f"{path / TENSORS}: {why}")
+    return found
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, FileNotFoundError):
+        return "missing"
+    return f"unreadable ({e})" if isinstance(e, OSError) else f"corrupt ({type(e).__name__}: {e})"
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """Why the safetensors `file` is damaged, or None: its header (8-byte little-endian length, then JSON)
+    must parse and the file must end exactly where the header's largest data offset says."""
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"truncated ({size} bytes, no header)"
+            n = int.from_bytes(head, "little")
+            if n > size - 8:
+                return f"truncated ({size} bytes, the header alone needs {8 + n})"
+            header = json.loads(f.read(n))
+    except OSError as e:
+        return _why(e)
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return f"corrupt header ({e})"
+    if not isinstance(header, dict):
+        return "corrupt header (not a JSON object)"
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            _, stop = info["data_offsets"]
+            end = max(end, int(stop))
+        except (TypeError, KeyError, ValueError):
+            return f"corrupt header (tensor {name!r} has no data_offsets)"
+    expected = 8 + n + end
+    if size != expected:
+        return f"{'truncated' if size < expected else 'too long'} ({size} bytes, the header says {expected})"
+    return None
 
 
 def load(path: Path, *, optimizer=None) -> dict:
