@@ -101,3 +101,37 @@ def test_packaged_recipes_load_by_name_and_a_missing_file_lists_them():
     assert load_config("tldr-pythia.yaml").task.name == "tldr"
     with pytest.raises(ConfigError, match="packaged recipes, usable by name: .*gsm8k-rho1b"):
         load_config("nope-recipe")
+
+
+# Fields the default recipe sets to a value that is no sensible default for every config, with the reason.
+RECIPE_ONLY = {
+    "output_dir": "names the run (runs/arith-tiny); a user's own YAML without output_dir should not write there",
+}
+
+
+def _leaves(data: dict, prefix: str = ""):
+    for key, value in data.items():
+        if isinstance(value, dict) and key != "options":  # task.options is one free-form value
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def test_schema_defaults_equal_the_default_recipe():
+    """`tba train` (the default recipe) and a user's YAML that leaves a field out must train alike."""
+    import yaml
+
+    from tba.config import DEFAULT_RECIPE
+    from tba.schema import RunConfig
+
+    def get(cfg, key):
+        for part in key.split("."):
+            cfg = getattr(cfg, part)
+        return cfg
+
+    keys = list(_leaves(yaml.safe_load(DEFAULT_RECIPE.read_text())))
+    assert set(RECIPE_ONLY) <= set(keys), "an exception the recipe no longer sets: drop it from RECIPE_ONLY"
+    recipe, defaults = load_config(), RunConfig()
+    differ = {k: (get(recipe, k), get(defaults, k)) for k in keys
+              if k not in RECIPE_ONLY and get(recipe, k) != get(defaults, k)}
+    assert not differ, f"default recipe value vs schema default: {differ}"

@@ -4,10 +4,17 @@ import pytest
 
 from tba.config import load_config
 
-RECIPES = sorted((Path(__file__).parents[1] / "src" / "tba" / "recipes").glob("*.yaml"))
+RECIPES_DIR = Path(__file__).parents[1] / "src" / "tba" / "recipes"
+RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
 def test_every_shipped_recipe_loads_and_validates(recipe):
     cfg = load_config(recipe)
     assert cfg.trainer.steps > 0 and cfg.output_dir
+
+
+def test_gsm8k_recipe_has_the_papers_beta_schedule():
+    """TBA paper Table 2 (GSM8K): β 0.012 → 0.004, linear to step 500, and a hard stop at step 500."""
+    tb = load_config(RECIPES_DIR / "gsm8k-rho1b.yaml").tb
+    assert (tb.beta_init, tb.beta_final, tb.beta_decay_end_step, tb.beta_hard_stop_step) == (0.012, 0.004, 500, 500)

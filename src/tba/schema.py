@@ -82,7 +82,7 @@ class ModelConfig:
 class SFTConfig:
     enabled: bool = True
     """Run the SFT warm start before RL when the policy is `builtin` (cached; see `cache_dir`)."""
-    steps: int = 1500
+    steps: int = 1000
     lr: float = 3e-3
     batch_size: int = 64
     warmup_steps: int = 50
@@ -215,7 +215,7 @@ class BaselineConfig:
 class TrainerConfig:
     steps: int = 200
     """U: total trainer (optimizer) steps."""
-    lr: float = 1e-4
+    lr: float = 5e-5
     lr_schedule: str = "constant"
     """constant | linear (to 0 at the last step) | wsd (warmup, stable, cosine decay)."""
     warmup_steps: int = 0
@@ -250,7 +250,7 @@ class EvalConfig:
     every_steps: int = 50
     """Greedy pass@1 on the held-out prompts every N trainer steps (and at start and end)."""
     max_new_tokens: int = 32
-    batch_size: int = 256
+    batch_size: int = 250
     """Sequences per generation call (prompts × samples)."""
     samples_per_prompt: int = 0
     """0 = one greedy completion per held-out prompt (pass@1). n > 0 = n completions sampled at

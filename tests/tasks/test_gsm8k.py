@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 from tba.tasks.base import Prompt, accuracy
 from tba.tasks.gsm8k import PROMPT_TEMPLATE, GSM8KTask, extract_answer, gsm8k_reward, load_rows
 
-SHARED = Path(__file__).parents[3] / "shared/data/gsm8k"
+FIXTURE = Path(__file__).parents[1] / "fixtures/gsm8k"  # 20 train + 10 test rows of the real data, in the repo
+SHARED = Path(__file__).parents[3] / "shared/data/gsm8k"  # the full data, where a machine has it
 
 
 @pytest.mark.parametrize(
@@ -48,16 +50,28 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_every_shared_gold_answer():
-    path = SHARED / "test.jsonl"
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    rows = _rows(path)
-    assert len(rows) > 1000
+def _check_gold_answers(rows: list[dict]) -> None:
     for i, row in enumerate(rows):
         gold = float(row["answer"].split("####")[-1].strip().replace(",", ""))
         assert extract_answer(row["answer"]) == gold, i
         assert gsm8k_reward(row["answer"], row["answer"]) == 1.0, i
+
+
+@pytest.mark.parametrize("split, n", [("train", 20), ("test", 10)])
+def test_every_fixture_gold_answer(split, n):
+    rows = _rows(FIXTURE / f"{split}.jsonl")
+    assert len(rows) == n
+    _check_gold_answers(rows)
+
+
+def test_every_shared_gold_answer():
+    """All 1,319 real test answers: needs the full data set, so skipped where it is absent."""
+    path = SHARED / "test.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not present (the fixture's answers are checked by test_every_fixture_gold_answer)")
+    rows = _rows(path)
+    assert len(rows) > 1000
+    _check_gold_answers(rows)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -111,6 +125,34 @@ def test_gold_without_number_and_empty_question(tmp_path):
         load_rows(str(blank), "test")
 
 
+@pytest.mark.parametrize("name, text, line, what", [
+    ("train.jsonl", '{"question": "q", "answer": "#### 1"}\n\n{"question": "q2", "answer": "#### 2"}\nnull,\n',
+     4, r"is not valid JSON \(Extra data"),
+    ("train.jsonl", '{"question": "q", "answer": "#### 1"}\n{"question": "q2", "answer": "#### 2"\n', 2,
+     "is not valid JSON"),
+    ("train.jsonl", '{"question": "q", "answer": "#### 1"}\n[1, 2]\n', 2, "is a JSON array, not an object"),
+    ("train.jsonl", b'{"question": "q", "answer": "#### 1"}\n{"question": "\xff"}\n', 2, "is not UTF-8 text"),
+    ("train.json", '[{"question": "q", "answer": "#### 1"},\n {"question": "q2", "answer": "#### 2"\n]\n', 3,
+     "is not valid JSON"),
+])
+def test_a_bad_json_line_is_named_with_file_and_line(tmp_path, name, text, line, what):
+    """`datasets` alone says "Unexpected character found when decoding 'null'", naming no file or line."""
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=rf"^gsm8k: {re.escape(str(path))} line {line} {what}"):
+        load_rows(str(path), "train")
+    with pytest.raises(ValueError, match=rf"line {line} {what}"):  # found in a directory too
+        GSM8KTask(source=str(tmp_path))
+
+
+def test_a_json_array_file_and_blank_lines_still_load(tmp_path):
+    rows = [{"question": "q", "answer": "#### 1"}, {"question": "q2", "answer": "#### 2"}]
+    (tmp_path / "a.json").write_text(json.dumps(rows, indent=2))
+    assert load_rows(str(tmp_path / "a.json"), "test") == rows
+    (tmp_path / "b.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert load_rows(str(tmp_path / "b.jsonl"), "test") == rows
+
+
 def test_missing_local_path_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError, match="test.jsonl"):
         load_rows(str(tmp_path), "test")
@@ -118,11 +160,10 @@ def test_missing_local_path_is_file_not_found(tmp_path):
         load_rows(str(tmp_path / "nope.jsonl"), "test")
 
 
-def test_shared_data_loads():
-    if not (SHARED / "train.jsonl").is_file() or not (SHARED / "test.jsonl").is_file():
-        pytest.skip(f"{SHARED} not present")
-    task = GSM8KTask(source=str(SHARED), train_size=5, test_size=5)
-    assert len(task.train) == len(task.test) == 5
+def test_real_data_loads():
+    task = GSM8KTask(source=str(FIXTURE), train_size=5, test_size=None)
+    assert len(task.train) == 5 and len(task.test) == 10
+    assert task.train[0].text.startswith("[MATH TASK] Problem:\nNatalia sold clips")
     assert task.test[0].text.startswith("[MATH TASK] Problem:\nJanet")
     assert task.reward(task.test[0], "She makes 18 dollars.") == 1.0
 

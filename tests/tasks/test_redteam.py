@@ -67,6 +67,46 @@ def test_the_victim_answers_each_attack_n_times(task):
     assert len(answers) == 2 and all(len(a) == 2 and all(isinstance(x, str) for x in a) for a in answers)
 
 
+def test_the_victim_leaves_the_global_rng_alone_and_samples_from_its_own_seed(tiny_lm):
+    """The reward runs inside the trainer's process with the inline runtime: it must neither reseed nor advance
+    the trainer's RNG, and its own draws come from task.options.seed, whatever the global RNG holds."""
+    import torch
+
+    task = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3,
+                       seed=5)
+    attacks = ["say something rude", "have a nice day"]
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first = task.victim_answers(attacks)
+    rewards = task.rewards([task.train[0]] * 2, attacks, [True, True])
+    assert torch.equal(torch.get_rng_state(), before)
+    assert len(rewards) == 2 and all(math.isfinite(r) for r in rewards)
+    assert task.victim_answers(attacks) != first  # a fresh draw each call, not one reseeded stream
+
+    twin = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3,
+                       seed=5)
+    torch.manual_seed(7)
+    assert twin.victim_answers(attacks) == first  # the same seed, the same draws
+    other = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3,
+                        seed=6)
+    assert other.victim_answers(attacks) != first
+
+
+def test_without_a_seed_the_victim_follows_the_process_seed(tiny_lm):
+    """seed=None: each searcher process (seeded per rank) gets its own victim stream, reproducibly."""
+    import torch
+
+    def answers(process_seed):
+        torch.manual_seed(process_seed)
+        task = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3)
+        before = torch.get_rng_state()
+        out = task.victim_answers(["say something rude", "have a nice day"])
+        assert torch.equal(torch.get_rng_state(), before)
+        return out
+
+    assert answers(1001) == answers(1001) != answers(2001)
+
+
 def test_bad_options_are_named():
     with pytest.raises(ValueError, match="victim_responses"):
         RedTeamTask(victim="unused", victim_responses=0)

@@ -8,7 +8,9 @@ field fails before training, naming the row, rather than becoming an empty promp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import NoReturn
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -35,6 +37,61 @@ def local_files(source: str, split: str, task: str) -> list[Path] | None:
     return None
 
 
+_JSON_KINDS = {list: "a JSON array", str: "a JSON string", int: "a JSON number", float: "a JSON number",
+               bool: "a JSON boolean", type(None): "JSON null"}
+
+
+def json_problem(path: Path) -> str | None:
+    """What makes the local .jsonl/.json file `path` unreadable as rows, as "line N ..." (1-based), or None if
+    every line is a JSON object (JSON lines) or the file is one JSON array of objects.
+
+    `datasets` reports a bad line as e.g. "Unexpected character found when decoding 'null'", naming neither
+    the file nor the line; this finds them. It reads the whole file, so it runs only once loading has failed.
+    """
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return f"line {line} is not UTF-8 text ({e.reason} at byte {e.start})"
+    whole = None
+    if path.suffix == ".json":  # one JSON document (an array of objects), or JSON lines like a .jsonl
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            whole = e
+        else:
+            if isinstance(doc, list):
+                for i, item in enumerate(doc):
+                    if not isinstance(item, dict):
+                        return f"item {i} of its top-level array is {_JSON_KINDS.get(type(item))}, not an object"
+                return None
+            return None if isinstance(doc, dict) else f"line 1 is {_JSON_KINDS.get(type(doc))}, not an object"
+    lines = text.split("\n")  # not splitlines(): JSON strings may hold U+2028 and other line breaks unescaped
+    first = next((n for n, line in enumerate(lines, 1) if line.strip()), None)
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if whole is not None and n == first:  # not JSON lines either: the document's own error
+                return f"line {whole.lineno} is not valid JSON ({whole.msg} at column {whole.colno})"
+            return f"line {n} is not valid JSON ({e.msg} at column {e.colno})"
+        if not isinstance(row, dict):
+            return f"line {n} is {_JSON_KINDS.get(type(row))}, not an object"
+    return None
+
+
+def _raise_json_problem(files: list[Path], task: str, error: Exception) -> NoReturn:
+    """`datasets` failed to read local JSON `files` with `error`: raise a ValueError naming the file and line."""
+    for path in files:
+        if problem := json_problem(path):
+            raise ValueError(f"{task}: {path} {problem}") from error
+    raise ValueError(f"{task}: could not read {', '.join(map(str, files))} as JSON lines or a JSON array of "
+                     f"objects ({type(error).__name__}: {error})") from error
+
+
 def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], hub_config: str | None = None,
                size: int | None = None, local_hint: str) -> tuple[list[dict], str]:
     """(rows, where): the first `size` rows (all if None) of `split`, only `fields`, each checked to be a
@@ -48,7 +105,12 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
     local = local_files(source, split, task)
     if local is not None:
         builder = LOCAL_SUFFIXES.get(local[0].suffix, "parquet")
-        ds = datasets.load_dataset(builder, data_files=[str(p) for p in local], split="train")
+        try:
+            ds = datasets.load_dataset(builder, data_files=[str(p) for p in local], split="train")
+        except Exception as e:
+            if builder != "json":
+                raise
+            _raise_json_problem(local, task, e)
         where = str(local[0]) if len(local) == 1 else f"{local[0].parent} ({split}-*.parquet)"
     else:
         try:
@@ -67,7 +129,12 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
     ds = ds.select_columns(list(fields))  # the Hub datasets may carry large columns the task never reads
     if size is not None:
         ds = ds.select(range(min(size, len(ds))))
-    rows = ds.to_list()
+    try:
+        rows = ds.to_list()
+    except UnicodeDecodeError as e:  # pyarrow keeps a JSON file's invalid UTF-8 in the column until it is read
+        if local is None or LOCAL_SUFFIXES.get(local[0].suffix) != "json":
+            raise
+        _raise_json_problem(local, task, e)
     for i, row in enumerate(rows):
         for name in fields:
             value = row.get(name)

