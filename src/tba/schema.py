@@ -140,6 +140,10 @@ class SearchConfig:
     """How long a searcher may take to start (import, load models) before the run fails."""
     collect_timeout_s: float = 600.0
     """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
+    heartbeat_timeout_s: float = 300.0
+    """A searcher that has been asked for samples (async: always) and delivers no batch for this long is treated
+    as failed: killed and restarted like a crash (counts against max_restarts). Must exceed the slowest
+    legitimate batch."""
     num_cpus: float = 1.0
     """ray: CPUs each searcher actor declares."""
     num_gpus: float = 0.0

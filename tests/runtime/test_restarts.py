@@ -1,6 +1,7 @@
 """kill -9 a searcher mid-run: it is restarted (local: by the runtime; Ray: by Ray's max_restarts), the run
 completes, and summary.json reports exactly one restart. In sync mode the trainer waits for every searcher each
-step, so completing the run proves the restarted searcher delivers again."""
+step, so completing the run proves the restarted searcher delivers again. SIGSTOP one in async mode: alive but
+silent, it is caught by the heartbeat (search.heartbeat_timeout_s), killed and restarted the same way."""
 
 import json
 import os
@@ -12,17 +13,33 @@ from pathlib import Path
 import pytest
 
 from tba.cli import main
+from tba.runtime.local import LocalRuntime
 
 from .test_runtimes import TINY, child_processes, needs_ray, ray_processes
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: [state, ppid, ...]; [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _parent(pid: int) -> int:
+    return int(_stat(pid)[1]) if _stat(pid) else 0
+
+
 def _searcher_pids(runtime: str) -> list[int]:
+    """This test's own searchers (local: its children; Ray: actors under the raylet its driver started), never
+    those of another run on the machine."""
     if runtime == "local":
         return [p for p in child_processes() if "multiprocessing.spawn" in Path(f"/proc/{p}/cmdline").read_text()]
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if "_SearcherActor" in Path(f"/proc/{pid}/cmdline").read_text():
+            if "_SearcherActor" in Path(f"/proc/{pid}/cmdline").read_text() and os.getpid() in (
+                _parent(pid), _parent(_parent(pid)), _parent(_parent(_parent(pid)))):
                 pids.append(int(pid))
         except OSError:
             pass
@@ -60,4 +77,52 @@ def test_kill_9_searcher_is_restarted_and_the_run_completes(tmp_path, capsys, ru
     summary = json.loads((out / "summary.json").read_text())
     assert summary["searcher_restarts"] == 1 and summary["trainer_steps"] == 30
     assert "restart" in err and ("exit code -9" in err or "ActorDiedError" in err or "ActorUnavailableError" in err)
+    assert not child_processes() and not ray_processes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=needs_ray)])
+def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_again(tmp_path, capsys, monkeypatch,
+                                                                                   runtime):
+    """The only searcher is SIGSTOPped right after the prefill (alive, silent). The trainer keeps training on the
+    buffer, one slow step (0.25 s) at a time, until the runtime notices; then it waits for the replacement's
+    first batch. Without a heartbeat the run ends normally with 0 restarts."""
+    if runtime == "local":
+        cls = LocalRuntime
+    else:
+        from tba.runtime.ray import RayRuntime as cls
+    original, seen = cls.collect, {"stopped": None, "delivered_again": False}
+
+    def collect(self, block):
+        if not block and seen["stopped"] is None:  # the first step after the prefill
+            pids = _searcher_pids(runtime)
+            assert len(pids) == 1, pids
+            os.kill(pids[0], signal.SIGSTOP)
+            seen["stopped"] = pids[0]
+        if seen["stopped"] is not None and self.restarts == 0:
+            time.sleep(0.25)  # a slow trainer step: the run outlasts the timeout however fast the machine is
+        elif self.restarts and not seen["delivered_again"]:
+            groups = original(self, True)  # wait (search.collect_timeout_s) for the replacement's first batch
+            seen["delivered_again"] = bool(groups)
+            return groups
+        return original(self, block)
+
+    monkeypatch.setattr(cls, "collect", collect)
+    out = tmp_path / "run"
+    try:
+        code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *TINY,
+                     f"runtime={runtime}", "mode=async", "trainer.steps=40", "eval.every_steps=40",
+                     "search.heartbeat_timeout_s=3", "search.max_restarts=3", "sft.enabled=false"])
+    finally:
+        if seen["stopped"] and _stat(seen["stopped"])[:1] == ["T"]:
+            os.kill(seen["stopped"], signal.SIGKILL)  # still stopped: the runtime never noticed it
+    err = capsys.readouterr().err
+    assert seen["stopped"], "no searcher process was found to stop"
+    assert code == 0, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trainer_steps"] == 40
+    assert summary["searcher_restarts"] >= 1, "the stopped searcher went unnoticed"
+    assert "sent no batch for" in err and "(search.heartbeat_timeout_s=3): hung or stopped" in err
+    assert "restarting it (1/3 restarts used)" in err or "Ray restarts it (1/3 restarts used)" in err
+    assert seen["delivered_again"]  # the replacement generates
     assert not child_processes() and not ray_processes()

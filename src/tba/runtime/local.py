@@ -15,7 +15,10 @@ the loop asks (one batch each per request), which turns the same components into
 Lifecycle: spawn → each child loads its models and reports "ready" (deadline `search.ready_timeout_s`,
 liveness polled). A child that raises (its traceback is sent) or dies (kill -9, OOM: seen by the liveness
 check) is restarted from its last reported prompt cursor and the newest weights while training goes on, up
-to `search.max_restarts` per run; one more failure raises SearcherError with the traceback. Messages carry
+to `search.max_restarts` per run; one more failure raises SearcherError with the traceback. So is a searcher
+that is alive but silent (hung, deadlocked, SIGSTOPped): one that owes a batch — async: always, sync: once
+asked — and delivers none for `search.heartbeat_timeout_s` is killed and restarted the same way; a restarted
+one has `search.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry
 (rank, incarnation) so a dead child's late error is not counted twice; its groups are still kept. With
 `broadcast`, the replacement joins a new group that the trainer forms with every searcher (see broadcast.py).
 Stop → event, join, terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns shutdown)
@@ -99,6 +102,11 @@ class LocalRuntime:
         self._states: list[dict | None] = list(states) if states else [None] * self.n
         self._stats: dict[int, dict] = {}
         self.restarts = 0
+        # heartbeat (search.heartbeat_timeout_s): since when each rank owes a batch (None = owes none / starting),
+        # how many batches it owes in sync mode, and since when a restarted rank has been starting up
+        self._expecting_since: list[float | None] = [None] * self.n
+        self._owed = [0] * self.n
+        self._starting_since: list[float | None] = [None] * self.n
 
     def start(self) -> None:
         ctx = self._ctx = mp.get_context("spawn")
@@ -169,14 +177,36 @@ class LocalRuntime:
             self.log(why)
         self._procs[rank] = self._spawn(rank)
         self._placement[rank]["pid"] = self._procs[rank].pid
+        self._expecting_since[rank], self._starting_since[rank] = None, time.monotonic()  # timed again once ready
         if self.requests[rank] is not None:
             self.requests[rank].release()  # sync mode: the request the dead searcher took is re-issued
 
     def _check_alive(self) -> None:
+        """Restart searchers that died, did not come back after a restart, or owe a batch for too long.
+
+        Call with the queue drained: a delivery waiting in it resets the heartbeat only once it is read."""
         self.transport.check()
+        s, now = self.cfg.search, time.monotonic()
         for rank, p in enumerate(self._procs):
+            starting, since = self._starting_since[rank], self._expecting_since[rank]
             if not p.is_alive():
                 self._restart(rank, f"died (exit code {p.exitcode}); its own output (stderr, above) has the cause")
+            elif starting is not None and now - starting > s.ready_timeout_s:
+                self._restart(rank, f"did not report ready within search.ready_timeout_s={s.ready_timeout_s:g}s "
+                                    "after its restart: hung or stopped")
+            elif since is not None and now - since > s.heartbeat_timeout_s:
+                self._restart(rank, f"sent no batch for {now - since:.0f}s (search.heartbeat_timeout_s="
+                                    f"{s.heartbeat_timeout_s:g}): hung or stopped")
+
+    def _expecting(self, rank: int) -> bool:
+        return not self.sync or self._owed[rank] > 0
+
+    def _heard(self, rank: int, delivered: bool) -> None:
+        """The current incarnation of `rank` reported ready or delivered a batch: restart its heartbeat clock."""
+        if delivered and self.sync:
+            self._owed[rank] = max(0, self._owed[rank] - 1)
+        self._starting_since[rank] = None
+        self._expecting_since[rank] = time.monotonic() if self._expecting(rank) else None
 
     def _handle(self, kind: str, tag: tuple[int, int], payload) -> list[Group] | None:
         """Groups for "groups" messages (from any incarnation: they are valid data); None otherwise."""
@@ -186,7 +216,10 @@ class LocalRuntime:
             if incarnation == self._incarnation[rank]:
                 self._stats[rank] = stats
                 self._states[rank] = stats["state"]
+                self._heard(rank, delivered=True)
             return groups
+        if kind == "ready" and incarnation == self._incarnation[rank]:
+            self._heard(rank, delivered=False)
         if kind == "error" and incarnation == self._incarnation[rank]:
             self._restart(rank, f"failed:\n{payload}")
         return None
@@ -210,9 +243,12 @@ class LocalRuntime:
     def collect(self, block: bool) -> list[Group]:
         groups: list[Group] = []
         if block:
-            for r in self.requests:
+            for rank, r in enumerate(self.requests):
                 if r is not None:
                     r.release()
+                    self._owed[rank] += 1
+                    if self._expecting_since[rank] is None and self._starting_since[rank] is None:
+                        self._expecting_since[rank] = time.monotonic()
             need = self.n if self.sync else 1
             deadline = time.monotonic() + self.cfg.search.collect_timeout_s
             got = 0

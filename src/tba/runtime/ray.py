@@ -16,6 +16,10 @@ CPU) whose store listens on the driver's node IP; each actor runs a receiver thr
 weights at the start of a step() (tba.runtime.broadcast). Control stays Ray calls either way; after Ray
 restarts an actor, `restore` hands it the new group to join.
 
+Faults: an actor that raises or dies is restarted by Ray (max_restarts = search.max_restarts) and restored by
+the driver. An actor that is alive but silent (hung, SIGSTOPped) — calls in flight and no result for
+`search.heartbeat_timeout_s` — is treated the same way: `ray.kill(actor, no_restart=False)`, then restore.
+
 `ray.address` joins an existing cluster (`ray start --head` …); otherwise a private Ray starts on
 127.0.0.1 with the dashboard off and is shut down at the end. Every worker node must have `tba` installed
 (same version) and see the model sources (hub names, or paths on a shared filesystem). Ray clusters have
@@ -109,6 +113,7 @@ class RayRuntime:
         self.sync = cfg.mode == "sync"
         self.actors: list = []
         self._in_flight: dict = {}  # ObjectRef → actor index
+        self._expecting_since: dict[int, float] = {}  # actor index → since when it owes a result (heartbeat)
         self._sent_version: list[int] = []
         self._latest: tuple[int, object] | None = None
         self._stats: dict[int, dict] = {}
@@ -164,36 +169,49 @@ class RayRuntime:
             args = self._latest  # (version, ObjectRef): resolved by Ray on the actor's node, fetched once per node
             self._sent_version[i] = self._latest[0]
         self._in_flight[self.actors[i].step.remote(*args)] = i
+        self._expecting_since.setdefault(i, time.monotonic())
 
     def _receive(self, ref) -> list[Group]:
         i = self._in_flight.pop(ref)
+        timeout = self.cfg.search.collect_timeout_s
         try:
-            groups, stats = ray.get(ref, timeout=60)
+            groups, stats = ray.get(ref, timeout=timeout)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
             self._recover(i, e)
             return []
         except ray.exceptions.GetTimeoutError:
-            raise SearcherError(f"timed out after 60s waiting for searcher {i} to return a finished batch") from None
+            raise SearcherError(f"timed out after {timeout:g}s (search.collect_timeout_s) waiting for searcher {i} "
+                                "to return a finished batch") from None
         self._stats[i], self._states[i] = stats, stats["state"]
+        if i in self._in_flight.values():
+            self._expecting_since[i] = time.monotonic()  # heartbeat: it delivered; its next call is due in turn
+        else:
+            self._expecting_since.pop(i, None)
         return groups
 
-    def _recover(self, i: int, error: Exception) -> None:
-        """Searcher i raised or died: count it once, let Ray restart it, then restore its last state.
+    def _recover(self, i: int, error: Exception | None = None, *, why: str | None = None) -> None:
+        """Searcher i raised, died (`error`) or hung (`why`): count it once, let Ray restart it, then restore its
+        last state.
 
         While Ray restarts an actor, calls to it fail with ActorUnavailableError; those are the same incident,
         not new failures. The restore call is re-sent until it succeeds (deadline: search.ready_timeout_s)."""
         if i in self._recovering:
             return
         limit = self.cfg.search.max_restarts
+        cause = why if why is not None else f"failed. Traceback (remote, from Ray):\n{error}"
         if self.restarts >= limit:
-            raise SearcherError(f"searcher {i} failed. Traceback (remote, from Ray):\n{error}\nrestart limit "
-                                f"reached (search.max_restarts={limit}): stopping the run")
+            raise SearcherError(f"searcher {i} {cause}\nrestart limit reached (search.max_restarts={limit}): "
+                                "stopping the run")
         self.restarts += 1
-        self.log(f"searcher {i} failed ({type(error).__name__}) — Ray restarts it "
-                 f"({self.restarts}/{limit} restarts used)\n{error}")
+        if why is not None:
+            self.log(f"searcher {i} {why} — Ray restarts it ({self.restarts}/{limit} restarts used)")
+        else:
+            self.log(f"searcher {i} failed ({type(error).__name__}) — Ray restarts it "
+                     f"({self.restarts}/{limit} restarts used)\n{error}")
         for ref in [r for r, j in self._in_flight.items() if j == i]:
             del self._in_flight[ref]  # the failed incarnation's other calls: dropped, not counted again
-        if isinstance(error, ray.exceptions.RayTaskError):  # an exception: the actor is alive but suspect
+        self._expecting_since.pop(i, None)  # timed again from its first call after the restore
+        if why is not None or isinstance(error, ray.exceptions.RayTaskError):  # alive but hung or suspect
             ray.kill(self.actors[i], no_restart=False)
         deadline = time.monotonic() + self.cfg.search.ready_timeout_s
         if self.transport is not None:
@@ -224,6 +242,19 @@ class RayRuntime:
                 for _ in range(self.pipeline_depth):
                     self._submit(i)
 
+    def _check_heartbeat(self) -> None:
+        """Restart (through Ray) every actor that owes a result and has delivered none for
+        search.heartbeat_timeout_s. A finished call not yet received counts as a delivery."""
+        timeout, now = self.cfg.search.heartbeat_timeout_s, time.monotonic()
+        for i, since in list(self._expecting_since.items()):
+            if i in self._recovering or now - since <= timeout:
+                continue
+            refs = [r for r, j in self._in_flight.items() if j == i]
+            if refs and ray.wait(refs, num_returns=1, timeout=0)[0]:
+                continue
+            self._recover(i, why=f"sent no batch for {now - since:.0f}s (search.heartbeat_timeout_s={timeout:g}): "
+                                 "hung or stopped")
+
     def collect(self, block: bool) -> list[Group]:
         groups: list[Group] = []
         if self.transport is not None:
@@ -246,6 +277,7 @@ class RayRuntime:
                 if self.sync and not pending and not self._recovering:
                     for i in range(len(self.actors)):
                         self._submit(i)
+                self._check_heartbeat()
                 if time.monotonic() > deadline:
                     raise SearcherError("timed out waiting for searchers to deliver samples")
         pending = list(self._in_flight)
@@ -257,6 +289,7 @@ class RayRuntime:
             groups.extend(self._receive(ref))
             if not self.sync and i not in self._recovering:
                 self._submit(i)
+        self._check_heartbeat()
         return groups
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
