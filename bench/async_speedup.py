@@ -53,12 +53,12 @@ def run(variant: str, seed: int, args) -> dict:
                              "logging.progress=false", f"eval.every_steps={args.eval_every}",
                              *VARIANTS[variant], *args.overrides])
     s = train(cfg, log=lambda m: None, overwrite=True)
-    row = {"variant": variant, "seed": seed, "final_acc": s["test_accuracy_end"],
+    row = {"variant": variant, "seed": seed, "final_acc": s["score_end"],
            "time_to_target_s": time_to(s["evals"], args.target), "train_s": s["train_wall_clock_s"],
            "total_s": s["wall_clock_s"], "trainer_busy": s["trainer_busy_fraction"],
-           "samples_per_s": s["samples_generated"] / s["train_wall_clock_s"], "steps": s["trainer_steps"]}
+           "samples_per_s": s["samples_received"] / s["train_wall_clock_s"], "steps": s["trainer_steps"]}
     metrics = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    row["staleness_mean"] = statistics.mean(m["staleness_mean"] for m in metrics)
+    row["staleness_mean"] = statistics.mean(m["staleness/mean"] for m in metrics)
     busy = [m["searcher/busy_fraction"] for m in metrics if "searcher/busy_fraction" in m]
     row["searcher_busy"] = busy[-1] if busy else None
     print(json.dumps(row), flush=True)

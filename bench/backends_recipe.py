@@ -44,10 +44,10 @@ def run(backend: str, args) -> dict:
     loads = last.get("sync/searcher_loads", 0) - 1 or None  # the first load (at start) is not a sync
     return {
         "backend": backend, "seed": args.seed, "steps": s["trainer_steps"],
-        "acc_start": s["test_accuracy_start"], "acc_end": s["test_accuracy_end"], "test_n": s["test_problems"],
+        "acc_start": s["score_start"], "acc_end": s["score_end"], "test_n": s["test_problems"],
         "reward_start": s["train_reward_start"], "reward_end": s["train_reward_end"],
         "train_s": s["train_wall_clock_s"], "total_s": s["wall_clock_s"],
-        "samples_per_s": s["samples_generated"] / s["train_wall_clock_s"],
+        "samples_per_s": s["samples_received"] / s["train_wall_clock_s"],
         "trainer_busy": s["trainer_busy_fraction"],
         "sampler_tokens_per_s": last["searcher/tokens"] / last["searcher/generate_s"],
         "searcher_load_s_per_sync": last["sync/searcher_load_s"] / loads if loads else None,

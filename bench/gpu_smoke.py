@@ -107,7 +107,7 @@ def run(backend: str, policy: Path, args) -> dict:
         "publish_s_median": statistics.median(m["sync/publish_s"] for m in metrics if "sync/publish_s" in m),
         "searcher_load_s_total": last.get("sync/searcher_load_s", float("nan")),
         "searcher_tokens": tokens, "searcher_tokens_per_s": tokens / gen_s if gen_s else float("nan"),
-        "samples_generated": summary["samples_generated"], "trainer_busy": summary["trainer_busy_fraction"],
+        "samples_received": summary["samples_received"], "trainer_busy": summary["trainer_busy_fraction"],
         "max_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None,
     }
 
@@ -118,7 +118,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         out.append(f"| {r['backend']} | {r['device']} | {r['steps']} | {r['step_s_median']:.3f} | "
                    f"{r['publish_s_median']:.3f} | {r['searcher_load_s_total']:.2f} | "
-                   f"{r['searcher_tokens_per_s']:.0f} | {r['samples_generated']} | {r['trainer_busy']:.0%} | "
+                   f"{r['searcher_tokens_per_s']:.0f} | {r['samples_received']} | {r['trainer_busy']:.0%} | "
                    f"{r['total_s']:.0f} |")
     return "\n".join(out)
 

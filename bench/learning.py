@@ -51,8 +51,8 @@ def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:
                      constant_lr=0.1 * cfg.sft.lr, log=lambda m: None)
     acc_ctrl = greedy_accuracy(policy, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
     plateau = [h["test_accuracy"] for h in sft_info["history"][-4:]]  # the warm start's last SFT evaluations
-    row = {"seed": seed, "sft_last_evals": plateau, "sft": summary["test_accuracy_start"],
-           "rl": summary["test_accuracy_end"], "ctrl": acc_ctrl, "rl_train_s": budget, "ctrl_s": ctrl["seconds"],
+    row = {"seed": seed, "sft_last_evals": plateau, "sft": summary["score_start"],
+           "rl": summary["score_end"], "ctrl": acc_ctrl, "rl_train_s": budget, "ctrl_s": ctrl["seconds"],
            "ctrl_steps": ctrl["steps"],
            "rl_steps": summary["trainer_steps"], "total_s": summary["wall_clock_s"], "n_test": summary["test_problems"]}
     print(f"[seed {seed}] {row}", flush=True)

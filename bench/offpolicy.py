@@ -25,8 +25,10 @@ from pathlib import Path
 
 from smoke import SMOKE_OVERRIDES
 
+from tba.objectives import OBJECTIVES as REGISTRY
+
 ROOT = Path(__file__).resolve().parent
-OBJECTIVES = ["tb", "tba_prime", "dr_grpo", "rloo", "online_dpo"]
+OBJECTIVES = list(REGISTRY)  # every registered objective (tba.objectives.OBJECTIVES)
 
 
 def run_one(job: dict) -> dict:
@@ -43,8 +45,8 @@ def run_one(job: dict) -> dict:
                              *job["overrides"]])
     s = train(cfg, log=lambda m: None, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
-    return {**{k: job[k] for k in ("objective", "k", "m", "seed")}, "start": s["test_accuracy_start"],
-            "final": s["test_accuracy_end"], "staleness_mean": statistics.mean(x["staleness_mean"] for x in metrics),
+    return {**{k: job[k] for k in ("objective", "k", "m", "seed")}, "start": s["score_start"],
+            "final": s["score_end"], "staleness_mean": statistics.mean(x["staleness/mean"] for x in metrics),
             "train_s": s["train_wall_clock_s"]}
 
 
@@ -102,7 +104,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--ms", type=float, nargs="+", default=[0.95, 0.5])
-    ap.add_argument("--objectives", nargs="+", default=OBJECTIVES)
+    ap.add_argument("--objectives", nargs="+", default=OBJECTIVES, choices=OBJECTIVES)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "_out" / "offpolicy")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "offpolicy.md")

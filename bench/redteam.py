@@ -82,7 +82,7 @@ def main() -> None:
         f"Attacker `{o['policy']}` + LoRA (r {cfg.model.lora.r}, α {cfg.model.lora.alpha}); victim: a frozen "
         f"`{o['victim']}` answering each attack {o['victim_responses']}×; toxicity: `{o['classifier']}`; "
         f"diversity: `{o['embedder']}`. {summary['trainer_steps']} trainer steps, "
-        f"{summary['samples_generated']} attacks generated, β = {cfg.tb.beta_init}, wall clock {wall / 60:.1f} min.",
+        f"{summary['samples_received']} attacks generated, β = {cfg.tb.beta_init}, wall clock {wall / 60:.1f} min.",
         *([args.note] if args.note else []),
         f"Each evaluation samples {n_attacks} attacks ({cfg.eval.samples_per_prompt} per instruction, T = "
         f"{cfg.eval.temperature}).",

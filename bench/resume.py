@@ -46,7 +46,7 @@ def logged_steps(out: Path) -> list[int]:
 
 
 def losses(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line)["trainer/loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def first_difference(a: Path, b: Path) -> int | None:
@@ -86,7 +86,7 @@ def pair(root: Path, name: str, args: list[str], kill_at: int) -> dict:
         sys.exit(f"resume failed; see {log}")
     a, b = (json.loads((d / "summary.json").read_text()) for d in (straight, broken))
     restored = [int(m) for m in re.findall(r"buffer restored: (\d+) groups", log.read_text())]
-    return {"run": name, "straight_acc": a["test_accuracy_end"], "resumed_acc": b["test_accuracy_end"],
+    return {"run": name, "straight_acc": a["score_end"], "resumed_acc": b["score_end"],
             "killed_at": killed_at, "checkpoint": ckpt, "redone": killed_at - ckpt, "groups_before_kill": groups,
             "groups_restored": restored[-1] if restored else None,
             "steps_logged_once": logged_steps(broken) == list(range(1, len(logged_steps(broken)) + 1)),

@@ -83,7 +83,7 @@ def main() -> None:
         kids = children(proc.pid)
         row = {"minute": (time.monotonic() - t0) / 60, "trainer_mb": rss_mb(proc.pid),
                "children_mb": sum(rss_mb(k) for k in kids), "processes": 1 + len(kids), "step": m.get("step"),
-               "buffer_size": m.get("buffer_size"), "buffer_groups": m.get("buffer/groups")}
+               "buffer_size": m.get("buffer/size"), "buffer_groups": m.get("buffer/groups")}
         row["total_mb"] = row["trainer_mb"] + row["children_mb"]
         samples.append(row)
         print(json.dumps(row), flush=True)

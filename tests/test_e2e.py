@@ -8,10 +8,10 @@ from transformers import AutoModelForCausalLM
 
 from tba.cli import main
 
-SUMMARY_KEYS = {"test_accuracy_start", "test_accuracy_end", "wall_clock_s", "trainer_steps",
-                "samples_generated", "objective", "seed"}
-METRIC_KEYS = {"step", "wall_clock_s", "loss", "reward_mean", "beta", "lr", "buffer_size", "tokens_per_s",
-               "staleness_mean", "staleness_max"}
+SUMMARY_KEYS = {"score_start", "score_end", "wall_clock_s", "trainer_steps",
+                "samples_received", "objective", "seed"}
+METRIC_KEYS = {"step", "wall_clock_s", "trainer/loss", "searcher/reward_mean", "trainer/beta", "trainer/lr",
+               "buffer/size", "trainer/tokens_per_s", "staleness/mean", "staleness/max"}
 
 
 @pytest.mark.slow
@@ -27,13 +27,13 @@ def test_tiny_run_fills_buffer_changes_weights_and_writes_run_dir(tmp_path):
 
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
-    assert summary["trainer_steps"] == 4 and summary["samples_generated"] > 20
+    assert summary["trainer_steps"] == 4 and summary["samples_received"] > 20
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4]
     assert all(METRIC_KEYS <= m.keys() for m in lines)
-    assert all(m["buffer_size"] >= 20 for m in lines)
-    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in lines)
-    assert max(m["staleness_max"] for m in lines) >= 1  # k = 2: the second step of a window is stale
+    assert all(m["buffer/size"] >= 20 for m in lines)
+    assert all(torch.isfinite(torch.tensor(m["trainer/loss"])) for m in lines)
+    assert max(m["staleness/max"] for m in lines) >= 1  # k = 2: the second step of a window is stale
     assert list((out / "tensorboard").iterdir())
     assert (out / "config.yaml").is_file()
 

@@ -19,11 +19,8 @@ from tba.store import BufferStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from soak import children  # noqa: E402  (the soak bench's /proc walk: children of a process)
 
-TINY = ["sft.steps=20", "sft.log_every_steps=20", "task.digits=1", "task.train_size=200", "task.test_size=8",
-        "buffer.prefill_samples=12", "eval.every_steps=1000", "search.prompts_per_batch=2",
-        "search.samples_per_prompt=6", "trainer.prompts_per_step=2", "trainer.samples_per_prompt=4",
-        "trainer.micro_batch_prompts=2", "logging.progress=false", "logging.tensorboard=false",
-        "eval.max_new_tokens=8", "search.max_new_tokens=16", "trainer.lr=1e-3"]
+TINY = [str(Path(__file__).parent / "tiny.yaml"), "task.digits=1", "eval.every_steps=1000", "search.max_new_tokens=16",
+        "trainer.lr=1e-3"]  # the tiny recipe first, then this file's overrides
 INLINE = ["runtime=inline", "mode=sync", "threads=1"]
 
 
@@ -33,7 +30,7 @@ def cache(tmp_path_factory):
 
 
 def tba(out, cache, *extra):
-    return main(["train", f"output_dir={out}", f"sft.cache_dir={cache}", *TINY, *extra])
+    return main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={cache}", *extra])
 
 
 def steps_logged(out: Path) -> list[int]:
@@ -41,14 +38,14 @@ def steps_logged(out: Path) -> list[int]:
 
 
 def losses(out: Path) -> dict[int, float]:
-    return {m["step"]: m["loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    return {m["step"]: m["trainer/loss"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
 @pytest.mark.slow
 def test_kill_9_trainer_mid_run_then_resume_continues_and_keeps_every_buffered_group(tmp_path, cache, capsys):
     out = tmp_path / "run"
     assert tba(tmp_path / "warm", cache, *INLINE, "trainer.steps=1") == 0  # SFT cached outside the timed part
-    args = [sys.executable, "-m", "tba", "train", f"output_dir={out}", f"sft.cache_dir={cache}", *TINY,
+    args = [sys.executable, "-m", "tba", "train", *TINY, f"output_dir={out}", f"sft.cache_dir={cache}",
             "runtime=local", "trainer.steps=80", "checkpoint.every_steps=10"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "TBA_TEST_CHILD": "1"})
@@ -110,7 +107,7 @@ def test_offline_mode_trains_on_a_saved_buffer_without_searchers(tmp_path, cache
     assert tba(out, cache, "runtime=offline", f"buffer.source={source}", "trainer.steps=6") == 0
     assert f"offline: {groups} groups" in capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["trainer_steps"] == 6 and summary["samples_generated"] == 0 and summary["searchers"] == []
+    assert summary["trainer_steps"] == 6 and summary["samples_received"] == 0 and summary["searchers"] == []
     assert BufferStore(source, readonly=True).num_groups() == groups  # the source is only read
 
     assert main(["buffer", "stats", str(source)]) == 0
@@ -141,7 +138,7 @@ def test_run_directory_guards(tmp_path, cache, capsys):
 def test_overwrite_replaces_a_previous_run(tmp_path, cache):
     out = tmp_path / "run"
     assert tba(out, cache, *INLINE, "trainer.steps=2") == 0
-    assert main(["train", f"output_dir={out}", f"sft.cache_dir={cache}", *TINY, *INLINE, "trainer.steps=3",
+    assert main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={cache}", *INLINE, "trainer.steps=3",
                  "--overwrite"]) == 0
     assert steps_logged(out) == [1, 2, 3] and json.loads((out / "summary.json").read_text())["resumed_at_steps"] == []
 

@@ -10,7 +10,7 @@ import torch
 from tba.buffer import Draw
 from tba.config import SearchConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
-from tba.objectives import vargrad_tb_loss
+from tba.objectives.tb import vargrad_tb_loss
 from tba.samplers.hf import HFSampler
 from tba.searcher import Searcher
 from tba.trainer import Trainer, lr_factor
@@ -136,3 +136,30 @@ def test_gradient_accumulation_does_not_change_the_update(tiny_model, tiny_token
             torch.testing.assert_close(other[k], full[k], atol=atol, rtol=1e-4, msg=k)
     if sgd:
         assert max(v.abs().max().item() for v in full.values()) > 1e-3  # gradients are not trivially zero
+
+
+def test_a_sample_without_behaviour_logprobs_is_an_error_for_ratio_objectives(tiny_model, tiny_tokenizer, draws):
+    """Missing behaviour log-probs used to become 0, turning the ratio π_θ/μ into π_θ without a word."""
+    stripped = [dataclasses.replace(d, samples=[dataclasses.replace(s, behaviour_logprobs=[]) for s in d.samples])
+                for d in draws]
+    cfg = TrainerConfig(steps=10, lr=1e-2, prompts_per_step=4, samples_per_prompt=K, micro_batch_prompts=4)
+    for objective in ("dr_grpo", "tba_prime"):
+        trainer = Trainer(copy.deepcopy(tiny_model), cfg, TBConfig(), objective=objective, temperature=0.7,
+                          pad_id=tiny_tokenizer.pad_token_id, max_tokens=8, reference=copy.deepcopy(tiny_model))
+        with pytest.raises(ValueError, match="behaviour log-probs"):
+            trainer.step(stripped)
+        assert trainer.version == 0
+    assert _trainer(tiny_model, tiny_tokenizer).step(stripped)["trainer/skipped"] == 0.0  # TB does not read them
+
+
+def test_dropout_is_off_during_updates(tiny_model, tiny_tokenizer, draws):
+    """With dropout left on, log π_θ of the same batch differs call to call (noise on one side of TB's residual)."""
+    model = copy.deepcopy(tiny_model)
+    for m in model.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = 0.5
+    cfg = TrainerConfig(steps=10, lr=1e-12, prompts_per_step=4, samples_per_prompt=K, micro_batch_prompts=4)
+    trainer = Trainer(model, cfg, TBConfig(), objective="tb", temperature=0.7, pad_id=tiny_tokenizer.pad_token_id)
+    first, second = trainer.step(draws), trainer.step(draws)
+    assert first["trainer/logp_mean"] == pytest.approx(second["trainer/logp_mean"], abs=1e-5)
+    assert not model.training

@@ -1,37 +1,37 @@
-"""Build the run's task and models from a validated config (no training logic here)."""
+"""Build everything a run trains with from a validated config: task, models, trainer, buffer, runtime.
+
+No training logic here (that is tba.loop), and the only place that turns config names into objects —
+including the runtime, so the loop never asks which runtime it has. `build_run` is the entry point; the
+pieces are separate so benchmarks and workers can build just what they need.
+"""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+from pathlib import Path
 
 from tba.config import RunConfig
-from tba.models import apply_lora, build_tiny_model, load_model, load_tokenizer, resolve_source, train_tokenizer
-
-FACTORIES = {"tldr": "tba.tasks.tldr:TLDRTask", "redteam": "tba.tasks.redteam:RedTeamTask"}
+from tba.models import (
+    apply_lora,
+    build_tiny_model,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_source,
+    save_checkpoint,
+    train_tokenizer,
+)
 
 
 def build_task(cfg: RunConfig, tokenizer=None):
-    """The configured task; with `task.chat_template` its prompts are wrapped by `tokenizer`'s chat template."""
-    t = cfg.task
-    if t.name in FACTORIES or ":" in t.name:
-        from tba.tasks.base import load_custom_task
+    """The configured task (tba.tasks.TASKS, or a custom factory); with `task.chat_template` its prompts are
+    wrapped by `tokenizer`'s chat template."""
+    from tba.tasks import make_task
 
-        # built-in tasks whose reward is a model are factories too, given the data settings besides the options
-        sizes = {"source": t.source, "train_size": t.train_size, "test_size": t.test_size}
-        given = {k: v for k, v in sizes.items() if v is not None} if t.name in FACTORIES else {}
-        task = load_custom_task(FACTORIES.get(t.name, t.name), {**given, **(t.options or {})})
-    elif t.name == "arith":
-        from tba.tasks.arith import ArithTask
-
-        task = ArithTask(digits=t.digits, train_size=t.train_size, test_size=t.test_size,
-                         slip_prob=t.teacher_slip_prob, template=t.prompt_template or "{a}+{b}=")
-    else:
-        from tba.tasks.gsm8k import PROMPT_TEMPLATE, GSM8KTask
-
-        task = GSM8KTask(source=t.source or "openai/gsm8k", train_size=t.train_size, test_size=t.test_size,
-                         template=t.prompt_template or PROMPT_TEMPLATE)
-    if t.chat_template and tokenizer is not None:
+    task = make_task(cfg.task)
+    if cfg.task.chat_template and tokenizer is not None:
         apply_chat_template(task, tokenizer)
     return task
 
@@ -113,3 +113,166 @@ def build_models(cfg: RunConfig, task, log=print):
     if m.lora.enabled:
         policy = apply_lora(policy, m.lora)
     return tokenizer, policy, reference, source
+
+
+def _loadable(source: str | None) -> bool:
+    """A directory that still exists, or what looks like a hub name (org/name)."""
+    if not source:
+        return False
+    return Path(source).exists() or (not source.startswith(("/", ".", "~")) and source.count("/") == 1)
+
+
+def start_models(cfg: RunConfig, task, out: Path, resume_from: Path | None, state, log=print):
+    """(tokenizer, policy, reference) for a run, and `state`'s model sources filled in.
+
+    The sources are where other processes (and vLLM) load the *starting* models from; searchers then receive
+    the newest weights from the trainer. A start policy that exists only in memory (the builtin model, an SFT
+    warm start) is written once to RUN_DIR/init. On resume the trainer's policy is the checkpoint's.
+    """
+    if resume_from is not None and _loadable(state.policy_source) and _loadable(state.reference_source):
+        tokenizer = load_tokenizer(str(resume_from / "model"))
+        policy = load_model(str(resume_from / "model"), cfg.model.dtype)
+        reference = load_model(state.reference_source, cfg.model.dtype).eval().requires_grad_(False)
+        return tokenizer, policy, reference
+    tokenizer, policy, reference, source = build_models(cfg, task, log=log)  # (re)builds the start, e.g. SFT
+    if source is None:
+        source = str(out / "init")
+        save_checkpoint(policy, tokenizer, Path(source))
+    if resume_from is not None:
+        policy = load_model(str(resume_from / "model"), cfg.model.dtype)
+    state.policy_source, state.reference_source = source, cfg.model.reference or source
+    return tokenizer, policy, reference
+
+
+def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_state: dict | None, log=print):
+    """The replay buffer: restored from RUN_DIR/buffer.sqlite on resume (and persisted there as it fills),
+    or, for runtime=offline, loaded once from `buffer.source` (read-only, closed after loading)."""
+    from tba.buffer import ReplayBuffer
+    from tba.checkpoint import CheckpointError
+    from tba.store import BufferStore
+
+    b = cfg.buffer
+    buffer = ReplayBuffer(b.capacity_per_prompt, b.online_prob, b.offline_inverse_temperature, b.dedup,
+                          seed=cfg.seed, max_samples=b.max_samples)
+    if cfg.runtime == "offline":  # train on a saved buffer; nothing new is written
+        buffer.store = BufferStore(b.source, readonly=True)
+        try:
+            buffer.restore(buffer_state)
+            log(f"offline: {buffer.groups_added} groups ({len(buffer)} samples in memory) from {buffer.store.path}")
+        finally:
+            buffer.store.close()
+            buffer.store = None
+        return buffer
+    if b.persist:
+        buffer.store = BufferStore(out)
+        if resume_from is not None or buffer.store.num_groups():
+            later = buffer.restore(buffer_state)
+            log(f"buffer restored: {buffer.groups_added} groups ({len(buffer)} samples in memory), "
+                f"{later} of them accepted after the checkpoint")
+    elif resume_from is not None:
+        raise CheckpointError("buffer.persist=false: this run has no saved buffer to resume from")
+    return buffer
+
+
+def build_trainer(cfg: RunConfig, policy, reference, tokenizer):
+    from tba.objectives import OBJECTIVES
+    from tba.trainer import Trainer
+
+    owns = OBJECTIVES[cfg.objective].owns_reference  # e.g. TBA′ resets its own π_ref copy every ρ steps
+    return Trainer(policy, cfg.trainer, cfg.tb, objective=cfg.objective, temperature=cfg.search.temperature,
+                   pad_id=tokenizer.pad_token_id, baselines=cfg.baselines, max_tokens=cfg.search.max_new_tokens,
+                   reference=copy.deepcopy(reference) if owns else None)
+
+
+def build_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, sources, version: int = 0,
+                  states: list[dict] | None = None, log=print):
+    """The configured runtime around searchers that start from the trainer's current policy.
+
+    `sources`: a tba.runtime.ModelSources; on resume, `version` is the policy version of `policy` and
+    `states` the searchers' checkpointed states."""
+    from tba.models import synced_tensors
+    from tba.runtime.base import restore_searcher
+    from tba.seeding import searcher_seed
+
+    threads = cfg.search.threads or default_threads(cfg.search.num_searchers, cfg.runtime)[1]
+    if cfg.runtime == "offline":
+        from tba.runtime.inline import OfflineRuntime
+
+        return OfflineRuntime()
+    if cfg.runtime == "inline":
+        from tba.runtime.inline import InlineRuntime
+        from tba.samplers import build_sampler
+        from tba.searcher import Searcher
+
+        seed = searcher_seed(cfg.seed, 0)  # the same prompt order as a process searcher of rank 0
+        sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=reference.device, seed=seed,
+                                policy=copy.deepcopy(policy) if cfg.search.backend == "hf" else None)
+        searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed)
+        searcher.version = version
+        restore_searcher(searcher, states[0] if states else None)
+        return InlineRuntime(searcher)
+    kwargs = {"version": version, "states": states, "log": log}
+    initial = {k: v.detach() for k, v in synced_tensors(policy).items()}
+    if cfg.runtime == "local":
+        from tba.runtime.local import LocalRuntime
+
+        return LocalRuntime(cfg, sources, initial, threads, **kwargs)
+    from tba.runtime.ray import RayRuntime
+
+    return RayRuntime(cfg, sources, initial, threads, **kwargs)
+
+
+@dataclasses.dataclass
+class Run:
+    """What `build_run` returns: everything the loop trains with."""
+
+    task: object
+    tokenizer: object
+    policy: object
+    reference: object
+    trainer: object
+    buffer: object
+    runtime: object
+    fitted: dict  # prompts_too_long / prompts_truncated, for the summary
+
+
+def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state, log=print) -> Run:
+    """Task, models (on their device), trainer (restored on resume), buffer and runtime, in that order.
+    `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.state.RunState."""
+    from tba.models import num_parameters
+    from tba.runtime.base import ModelSources
+
+    task = build_task(cfg)
+    tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state, log)
+    device = resolve_device(cfg.model.device)
+    policy, reference = policy.to(device), reference.to(device)
+    if cfg.task.chat_template:
+        apply_chat_template(task, tokenizer)
+    limit = prompt_limit(cfg, policy)
+    fitted = fit_prompts(task, tokenizer, limit, cfg.task.long_prompts)
+    if fitted["prompts_too_long"]:
+        log(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
+            f"{'truncated' if cfg.task.long_prompts == 'truncate' else 'skipped'} (task.long_prompts)")
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    lora = "" if trainable == num_parameters(policy) else f" ({trainable / 1e6:.2f}M trainable, LoRA)"
+    log(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
+        f"policy {num_parameters(policy) / 1e6:.2f}M params{lora} on {device}; "
+        f"runtime {cfg.runtime}, mode {cfg.mode}")
+    trainer = build_trainer(cfg, policy, reference, tokenizer)
+    if resume_from is not None:
+        trainer.load_state(resume_from, checkpoint)
+    buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), log)
+    sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
+                           tokenizer=state.policy_source)
+    runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=policy, reference=reference, sources=sources,
+                            version=trainer.version, states=checkpoint.get("searchers"), log=log)
+    return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, fitted)
+
+
+def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
+    """(trainer threads, threads per searcher): one share of the cores per process, at least one."""
+    cores = os.cpu_count() or 1
+    if runtime == "inline":
+        return cores, cores
+    share = max(1, cores // (num_searchers + 1))
+    return share, share

@@ -212,10 +212,11 @@ def problems(path: Path) -> list[str]:
         d = path / sub
         if sub == "reference" and not d.is_dir():
             continue
+        config = d / ("adapter_config.json" if (d / "adapter_config.json").is_file() else "config.json")  # LoRA
         try:
-            json.loads((d / "config.json").read_text())
+            json.loads(config.read_text())
         except (OSError, ValueError) as e:
-            found.append(f"{d / 'config.json'}: {_why(e)}")
+            found.append(f"{config}: {_why(e)}")
         index = d / "model.safetensors.index.json"
         if index.is_file():
             try:

@@ -69,7 +69,15 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tba", usage=USAGE)
+    from tba.objectives import OBJECTIVES
+    from tba.tasks import TASKS
+
+    epilog = ("objectives (objective=...):\n" + "".join(f"  {o.name:<11} {o.summary}\n" for o in OBJECTIVES.values())
+              + "tasks (task.name=...; or module:factory for your own, docs/tasks.md):\n"
+              + "".join(f"  {t.name:<11} {t.summary}\n" for t in TASKS.values())
+              + "recipes: src/tba/recipes/*.yaml; every key: docs/architecture.md")
+    parser = argparse.ArgumentParser(prog="tba", usage=USAGE, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["train", "sft", "buffer"])
     parser.add_argument("args", nargs="*", help="optional CONFIG.yaml, then key.sub=value overrides")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last complete checkpoint")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from tba.objectives import OBJECTIVES
 from tba.schema import (  # noqa: F401  (re-exported: the dataclasses are imported from tba.config everywhere)
     BaselineConfig,
     BufferConfig,
@@ -36,16 +37,16 @@ from tba.schema import (  # noqa: F401  (re-exported: the dataclasses are import
     TrainerConfig,
     VLLMConfig,
 )
+from tba.tasks import TASKS
 
 
 class ConfigError(ValueError):
     """A bad key or value; the message names the dotted key."""
 
 
-BUILTIN_TASKS = ("arith", "gsm8k", "tldr", "redteam")
 CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "objective": ("tb", "dr_grpo", "rloo", "online_dpo", "tba_prime"),
+    "objective": tuple(OBJECTIVES),
     "runtime": ("inline", "local", "ray", "offline"),
     "task.long_prompts": ("skip", "truncate"),
     "mode": ("async", "sync"),
@@ -56,7 +57,8 @@ CHOICES = {
 POSITIVE = {
     "trainer.steps", "trainer.prompts_per_step", "trainer.samples_per_prompt", "trainer.micro_batch_prompts",
     "trainer.sync_every_steps", "trainer.lr", "search.samples_per_prompt", "search.prompts_per_batch",
-    "search.max_new_tokens", "search.temperature", "buffer.capacity_per_prompt", "eval.every_steps",
+    "search.max_new_tokens", "search.temperature", "search.heartbeat_timeout_s", "buffer.capacity_per_prompt",
+    "eval.every_steps",
     "eval.max_new_tokens", "eval.batch_size", "tb.beta_init", "tb.beta_final", "sft.batch_size", "task.digits",
     "search.num_searchers", "search.ready_timeout_s", "search.collect_timeout_s", "checkpoint.keep",
     "eval.temperature", "model.lora.r", "model.lora.alpha",
@@ -151,17 +153,20 @@ def _validate(cfg: RunConfig) -> None:
             node = node[part]
         return node
 
-    if cfg.task.name not in BUILTIN_TASKS and ":" not in cfg.task.name:
-        raise ConfigError(f"task.name: must be one of {', '.join(BUILTIN_TASKS)} or module:factory (a custom "
+    if cfg.task.name not in TASKS and ":" not in cfg.task.name:
+        raise ConfigError(f"task.name: must be one of {', '.join(TASKS)} or module:factory (a custom "
                           f"task), got {cfg.task.name!r}")
     for key, devices in (("model.device", cfg.model.device), ("search.device", cfg.search.device or "cpu")):
         for device in devices.split(","):
             if device.strip() != "auto" and device.strip().split(":")[0] not in ("cpu", "cuda", "mps", "xpu"):
                 raise ConfigError(f"{key}: must be cpu, cuda, cuda:N or auto (search.device: or a comma list), "
                                   f"got {devices!r}")
-    if cfg.model.lora.enabled and cfg.objective == "tba_prime":
-        raise ConfigError("model.lora.enabled: not supported with objective=tba_prime (its reference reset "
+    if cfg.model.lora.enabled and cfg.objective in OBJECTIVES and OBJECTIVES[cfg.objective].owns_reference:
+        raise ConfigError(f"model.lora.enabled: not supported with objective={cfg.objective} (its reference reset "
                           "copies full weights)")
+    if cfg.model.lora.enabled and cfg.model.lora.dropout > 0:
+        raise ConfigError("model.lora.dropout: must be 0 — the trainer runs the policy with dropout off, as TB "
+                          "compares log π_θ with the searchers' log π_ref (docs/algorithm.md)")
     for key, allowed in CHOICES.items():
         if get(key) not in allowed:
             raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {get(key)!r}")
@@ -204,9 +209,9 @@ def _validate(cfg: RunConfig) -> None:
     if cfg.runtime == "inline" and cfg.mode == "async":
         raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
                           "runtime=local for asynchrony")
-    if cfg.model.policy == "builtin" and cfg.task.name == "gsm8k":
-        raise ConfigError("model.policy: the builtin tiny model is for task.name=arith or custom tasks that "
-                          "provide demonstrations() and corpus(); give gsm8k a real model (model.policy=...)")
+    if cfg.model.policy == "builtin" and cfg.task.name in TASKS and not TASKS[cfg.task.name].builtin_model:
+        raise ConfigError(f"model.policy: the builtin tiny model is for tasks that provide demonstrations() and "
+                          f"corpus() (arith, or a custom task); give {cfg.task.name} a real model (model.policy=...)")
 
 
 def to_dict(cfg) -> dict:

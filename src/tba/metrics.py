@@ -1,8 +1,9 @@
-"""Metric sinks: metrics.jsonl (always), TensorBoard (default on), W&B (optional).
+"""What a run reports: the per-step metrics, the closing summary, and where they go.
 
-Keys are `<component>/<quantity>` (trainer/loss, buffer/size, searcher/samples_per_s, ...); metrics.jsonl
-also carries the short names the README documents (step, wall_clock_s, loss, reward_mean, beta, lr,
-buffer_size, tokens_per_s, staleness_mean, staleness_max) so that a line reads without a key table.
+Sinks: metrics.jsonl (always), TensorBoard (default on), W&B (optional). Every quantity has one name,
+`<component>/<quantity>` (trainer/loss, buffer/size, staleness/mean, eval/score, ...), plus `step` and
+`wall_clock_s` on every line. The evaluation's `score` is greedy pass@1 for a 0/1 verifier and the mean
+reward otherwise; docs/architecture.md lists every key.
 """
 
 from __future__ import annotations
@@ -11,7 +12,69 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from tba.config import RunConfig, to_dict
+
+
+def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh: list[float], received: int,
+                 busy_fraction: float, searchers: dict[str, float], wall_clock_s: float) -> dict[str, float]:
+    """One step's metrics: the trainer's `update` metrics, plus what was drawn (staleness = trainer version −
+    sample version, before the update), what the buffer holds, and the searchers' own counters."""
+    staleness = [version - s.version for d in draws for s in d.samples]
+    ages = [version - s.version for h in buffer.histories.values() for s in h.items]
+    return {
+        **update,
+        "searcher/reward_mean": float(np.mean(fresh)) if fresh else float("nan"),  # this step's fresh samples
+        "searcher/samples_received": received,
+        "buffer/draw_reward_mean": float(np.mean([s.reward for d in draws for s in d.samples])),
+        "buffer/size": len(buffer),
+        "buffer/prompts": buffer.num_prompts,
+        "buffer/groups": buffer.groups_added,
+        "buffer/age_mean": float(np.mean(ages)) if ages else float("nan"),
+        "buffer/online_fraction": float(np.mean([d.online for d in draws])),
+        "staleness/mean": float(np.mean(staleness)),
+        "staleness/max": float(np.max(staleness)),
+        "trainer/busy_fraction": busy_fraction,
+        **searchers,
+        "wall_clock_s": wall_clock_s,
+    }
+
+
+def run_summary(cfg: RunConfig, state, *, test_problems: int, fitted: dict, trainer, buffer, restarts: int,
+                dropped: int, placement: list[dict], busy_fraction: float, wall_clock_s: float,
+                train_s: float) -> dict:
+    """summary.json: before/after evaluation, train reward at the start and end, and the run's counters."""
+    window = max(1, len(state.rewards_seen) // 10)
+    seen = state.rewards_seen
+    return {
+        "score_start": state.evals[0][1]["score"],
+        "score_end": state.evals[-1][1]["score"],
+        "test_problems": test_problems,
+        "eval_start": state.evals[0][1],
+        "eval_end": state.evals[-1][1],
+        "train_reward_start": float(np.mean(seen[:window])) if seen else float("nan"),
+        "train_reward_end": float(np.mean(seen[-window:])) if seen else float("nan"),
+        "wall_clock_s": wall_clock_s,
+        "train_wall_clock_s": train_s,
+        "trainer_steps": trainer.version,
+        "skipped_steps": trainer.skipped_steps,
+        "samples_received": state.received,
+        "samples_dropped_bad_reward": dropped,
+        "searcher_restarts": restarts,
+        "prompts_too_long": fitted["prompts_too_long"],
+        "prompts_truncated": fitted["prompts_truncated"],
+        "buffer_groups": buffer.groups_added,
+        "buffer_evicted_prompts": buffer.evicted_prompts,
+        "resumed_at_steps": state.resumed_at,
+        "trainer_busy_fraction": busy_fraction,
+        "objective": cfg.objective,
+        "runtime": cfg.runtime,
+        "mode": cfg.mode,
+        "seed": cfg.seed,
+        "searchers": placement,
+        "evals": [(step, metrics["score"], t) for step, metrics, t in state.evals],
+    }
 
 
 class MetricsLogger:

@@ -34,8 +34,8 @@ class RunProgress:
     def __exit__(self, *exc):
         self._progress.stop()
 
-    def update(self, step: int, *, reward: float, accuracy: float, beta: float, tokens_per_s: float) -> None:
-        info = f"reward {reward:.3f} · eval {accuracy:.3f} · β {beta:.4g} · {tokens_per_s:,.0f} tok/s"
+    def update(self, step: int, *, reward: float, score: float, beta: float, tokens_per_s: float) -> None:
+        info = f"reward {reward:.3f} · eval {score:.3f} · β {beta:.4g} · {tokens_per_s:,.0f} tok/s"
         self._progress.update(self._task, completed=step, info=info)
 
 
@@ -45,7 +45,7 @@ def print_summary(summary: dict) -> None:
     table.add_column("start", justify="right")
     table.add_column("end", justify="right")
     table.add_column("change", justify="right")
-    a0, a1 = summary["test_accuracy_start"], summary["test_accuracy_end"]
+    a0, a1 = summary["score_start"], summary["score_end"]
     start, end = summary.get("eval_start") or {}, summary.get("eval_end") or {}
     if set(start) - {"score"}:  # a task with its own metrics (win rate, attack success...): mean reward + those
         table.add_row(f"eval: mean reward (n={summary['test_problems']} prompts)", f"{a0:.4g}", f"{a1:.4g}",
@@ -57,8 +57,8 @@ def print_summary(summary: dict) -> None:
                       f"{(a1 - a0) * 100:+.1f} pts")
     r0, r1 = summary["train_reward_start"], summary["train_reward_end"]
     table.add_row("train reward (T-sampled, first/last 10%)", f"{r0:.3f}", f"{r1:.3f}", f"{r1 - r0:+.3f}")
-    table.add_row("trainer steps / samples generated", "", f"{summary['trainer_steps']} / "
-                  f"{summary['samples_generated']}", "")
+    table.add_row("trainer steps / samples received", "", f"{summary['trainer_steps']} / "
+                  f"{summary['samples_received']}", "")
     table.add_row("wall clock (total / training)", "", f"{summary['wall_clock_s']:.0f}s / "
                   f"{summary['train_wall_clock_s']:.0f}s", "")
     events = {"searcher restarts": summary.get("searcher_restarts"), "updates skipped (non-finite)":

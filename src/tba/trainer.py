@@ -5,6 +5,10 @@ before each optimizer step). Gradient accumulation groups whole prompts: each mi
 `micro_batch_prompts` prompt groups, so the per-group log Ẑ is exact and the summed micro-batch losses
 equal the full-batch mean. `version` counts the updates applied; it is the policy version that the
 trainer publishes to searchers.
+
+Dropout is off: the policy is kept in eval mode, gradients flow all the same. TB's residual compares
+log π_θ(y|x) with the searchers' log π_ref(y|x); dropout would add noise to one side only (the paper's
+code disables dropout in policy and reference for the same reason).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from tba.buffer import Draw
 from tba.config import BaselineConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
 from tba.models import synced_tensors
-from tba.objectives import USES_BEHAVIOUR_LOGPROBS, objective_loss
+from tba.objectives import OBJECTIVES, objective_loss
 from tba.objectives.tb import beta_at
 
 
@@ -48,14 +52,34 @@ def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     return out.to(device)
 
 
+def _behaviour(draws: list[Draw], objective: str) -> list[list[float]]:
+    """Each sample's behaviour log-probs. A sample without them cannot be importance-weighted: treating the
+    missing values as 0 would turn the ratio π_θ/μ into π_θ, silently, so it is an error."""
+    rows = []
+    for d in draws:
+        for s in d.samples:
+            if not s.behaviour_logprobs or len(s.behaviour_logprobs) != len(s.response):
+                have = len(s.behaviour_logprobs or [])
+                raise ValueError(f"objective {objective} needs the behaviour log-probs of every response token; a "
+                                 f"sample of prompt {d.prompt_id} (policy version {s.version}) has {have} for "
+                                 f"{len(s.response)} tokens. Buffers written before behaviour log-probs were stored, "
+                                 "or by a sampler that does not return them, can train tb, rloo or online_dpo only")
+            rows.append(s.behaviour_logprobs)
+    return rows
+
+
 class Trainer:
     def __init__(self, model, cfg: TrainerConfig, tb: TBConfig, *, objective: str, temperature: float,
                  pad_id: int, baselines: BaselineConfig | None = None, max_tokens: int = 1, reference=None):
         self.model, self.cfg, self.tb = model, cfg, tb
         self.objective, self.baselines = objective, baselines or BaselineConfig()
+        self.spec = OBJECTIVES[objective]
         self.max_tokens = max_tokens
-        # TBA′ resets its reference to the current policy every ρ steps, so it scores π_ref itself
-        self.reference = reference if objective == "tba_prime" else None
+        # an objective that owns its reference (TBA′ resets it to the policy every ρ steps) scores π_ref itself
+        self.reference = reference.eval() if self.spec.owns_reference and reference is not None else None
+        if self.spec.owns_reference and reference is None:
+            raise ValueError(f"objective {objective} keeps its own reference model: pass reference=")
+        model.eval()  # dropout off (see the module docstring)
         self.temperature, self.pad_id = temperature, pad_id
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
         self.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
@@ -92,7 +116,7 @@ class Trainer:
         beta, lr = self.beta(step), self.cfg.lr * lr_factor(step, self.cfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        self.model.train()
+        self.model.eval()
         n_total = sum(len(d.samples) for d in draws)
         loss_total, tokens, logp_sum, ratio_sum = 0.0, 0, 0.0, 0.0
         mb = self.cfg.micro_batch_prompts
@@ -107,10 +131,9 @@ class Trainer:
                     ref_tok, _ = response_logprobs(self.reference, prompts, responses, self.temperature, self.pad_id)
             else:
                 ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width, device)  # [N, R]
-            behaviour_tok = None  # only the ratio-based baselines read the searcher's behaviour log-probs
-            if self.objective in USES_BEHAVIOUR_LOGPROBS:
-                behaviour_tok = _padded([s.behaviour_logprobs or [0.0] * len(s.response)
-                                         for d in micro for s in d.samples], width, device)  # [N, R]
+            behaviour_tok = None  # only the ratio-based objectives read the searchers' behaviour log-probs
+            if self.spec.reads_behaviour:
+                behaviour_tok = _padded(_behaviour(micro, self.objective), width, device)  # [N, R]
             reward = torch.tensor([s.reward for d in micro for s in d.samples], device=device)  # [N]
             group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
             loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,

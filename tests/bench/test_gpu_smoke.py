@@ -22,7 +22,7 @@ def _smoke(tmp_path, monkeypatch, device, backends):
     rows = _rows(results)
     assert [r["backend"] for r in rows] == backends
     for r in rows:
-        assert r["steps"] == 3 and r["samples_generated"] > 0
+        assert r["steps"] == 3 and r["samples_received"] > 0
         assert r["publish_s_median"] >= 0 and r["searcher_tokens"] > 0
     return rows
 

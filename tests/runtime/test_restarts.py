@@ -68,7 +68,7 @@ def test_kill_9_searcher_is_restarted_and_the_run_completes(tmp_path, capsys, ru
     killed: list[int] = []
     killer = threading.Thread(target=_kill_searcher_after, args=(out, runtime, 5, killed), daemon=True)
     killer.start()
-    code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *TINY,
+    code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
                  f"runtime={runtime}", "mode=sync", "trainer.steps=30", "trainer.sync_every_steps=1"])
     killer.join(timeout=1)
     err = capsys.readouterr().err
@@ -110,7 +110,7 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
     monkeypatch.setattr(cls, "collect", collect)
     out = tmp_path / "run"
     try:
-        code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *TINY,
+        code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
                      f"runtime={runtime}", "mode=async", "trainer.steps=40", "eval.every_steps=40",
                      "search.heartbeat_timeout_s=3", "search.max_restarts=3", "sft.enabled=false"])
     finally:

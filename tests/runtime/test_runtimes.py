@@ -5,16 +5,13 @@ import importlib.util
 import json
 import multiprocessing
 import os
+from pathlib import Path
 
 import pytest
 
 from tba.cli import main
 
-TINY = ["sft.steps=20", "sft.log_every_steps=20", "task.train_size=200", "task.test_size=8",
-        "trainer.steps=8", "trainer.sync_every_steps=2", "buffer.prefill_samples=12", "eval.every_steps=8",
-        "search.prompts_per_batch=2", "search.samples_per_prompt=6", "trainer.prompts_per_step=2",
-        "trainer.samples_per_prompt=4", "trainer.micro_batch_prompts=2", "logging.progress=false",
-        "logging.tensorboard=false", "eval.max_new_tokens=8", "search.max_new_tokens=24"]
+TINY = [str(Path(__file__).parents[1] / "tiny.yaml")]  # the tiny recipe: the first argument after "train"
 
 
 def child_processes() -> list[int]:
@@ -36,7 +33,7 @@ def child_processes() -> list[int]:
 
 def run(tmp_path, *extra):
     out = tmp_path / "run"
-    code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *TINY, *extra])
+    code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *extra])
     return code, out
 
 
@@ -66,7 +63,7 @@ def test_runtime_publishes_versions_trains_on_stale_data_and_cleans_up(tmp_path,
     assert code == 0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(m.get("searcher/version_min", 0) for m in lines) > 0  # searchers picked up published weights
-    assert max(m["staleness_max"] for m in lines) > 0  # stale samples were trained on
+    assert max(m["staleness/max"] for m in lines) > 0  # stale samples were trained on
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runtime"] == runtime and summary["mode"] == mode and summary["trainer_steps"] == 24
     assert not multiprocessing.active_children() and not child_processes() and not ray_processes()

@@ -224,7 +224,7 @@ def test_kill_9_searcher_with_broadcast_transport(tmp_path, capsys):
     out, killed = tmp_path / "run", []
     killer = threading.Thread(target=_kill_searcher_after, args=(out, "local", 4, killed), daemon=True)
     killer.start()
-    code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *TINY,
+    code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
                  "runtime=local", "search.weight_transport=broadcast", "mode=sync", "trainer.steps=14",
                  "trainer.sync_every_steps=1", "eval.every_steps=14"])
     killer.join(timeout=1)

@@ -40,7 +40,7 @@ def test_local_async_vllm_run_publishes_and_cleans_up(tmp_path):
     assert code == 0
     lines = _metrics(out)
     assert max(m.get("searcher/version_min", 0) for m in lines) > 0
-    assert max(m["staleness_max"] for m in lines) > 0
+    assert max(m["staleness/max"] for m in lines) > 0
     assert not multiprocessing.active_children() and not child_processes()
 
 
@@ -61,9 +61,9 @@ def test_kill_9_of_a_vllm_searcher_is_survived(tmp_path, capsys):
 
 def test_ctrl_c_leaves_no_vllm_process_behind(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tba", "train", f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
-           *TINY, *VLLM, "runtime=local", "mode=async", "trainer.steps=100000", "eval.every_steps=100000",
-           "checkpoint.every_steps=null"]
+    cmd = [sys.executable, "-m", "tba", "train", *TINY, f"output_dir={out}",
+           f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *VLLM, "runtime=local", "mode=async",
+           "trainer.steps=100000", "eval.every_steps=100000", "checkpoint.every_steps=null"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
     try:

@@ -39,4 +39,4 @@ def test_training_on_a_custom_task_end_to_end(tmp_path):
                  "trainer.samples_per_prompt=4", "search.max_new_tokens=8", "eval.max_new_tokens=8",
                  "runtime=local", "logging.progress=false", "logging.tensorboard=false"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["trainer_steps"] == 3 and summary["test_problems"] == 8 and summary["samples_generated"] > 0
+    assert summary["trainer_steps"] == 3 and summary["test_problems"] == 8 and summary["samples_received"] > 0

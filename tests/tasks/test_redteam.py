@@ -135,7 +135,7 @@ def test_redteam_recipe_trains_lora_through_searcher_processes_and_resumes(tiny_
         assert math.isfinite(summary["eval_end"][key]) and math.isfinite(summary["eval_start"][key])
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4]
-    assert all(math.isfinite(m["loss"]) for m in lines)
+    assert all(math.isfinite(m["trainer/loss"]) for m in lines)
     assert lines[-1]["searcher/version_min"] >= 3  # the searcher received the trained adapters
 
 

@@ -7,7 +7,6 @@ against it only, so it reads the same on one process, several local processes, o
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +28,26 @@ class ModelSources:
     tokenizer: str
 
 
+@dataclass
+class RuntimeReport:
+    """What the loop reads back from a runtime, besides groups: for metrics, checkpoints and the summary."""
+
+    stats: dict[str, float]
+    """Searcher-side metrics: samples, tokens, busy fraction, versions, weight loads, restarts, drops."""
+    states: list[dict | None]
+    """Each searcher's state as of the last batch received (prompt cursor, counters, RNG): for checkpoints."""
+    placement: list[dict]
+    """Where each searcher runs (rank, pid or Ray node id, host), for the run summary."""
+    reward_error: str | None
+    """The newest reward failure a searcher reported (the sample was dropped), for the log."""
+
+
 class Runtime(Protocol):
+    """Transport and lifecycle: start, move groups and weights, stop; and one `report` of everything else."""
+
+    searchers: int
+    """How many searchers produce samples (0: none, the loop trains on what the buffer was restored with)."""
+
     def start(self) -> None:
         """Start the searchers; returns once every searcher is ready (or raises)."""
 
@@ -40,18 +58,8 @@ class Runtime(Protocol):
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Make `weights` (the trainer's state after `version` updates) available; never waits for searchers."""
 
-    def stats(self) -> dict[str, float]:
-        """Searcher-side metrics: samples, busy fraction, versions, weight pick-up time."""
-
-    def placement(self) -> list[dict]:
-        """Where each searcher runs (rank, pid or Ray node id, host), for the run summary."""
-
-    def searcher_states(self) -> list[dict | None]:
-        """Each searcher's state as of the last batch received (prompt cursor, counters, RNG): for checkpoints."""
-
-    @property
-    def last_reward_error(self) -> str | None:
-        """The newest reward failure a searcher reported (the sample was dropped), for the log."""
+    def report(self) -> RuntimeReport:
+        """Searcher metrics, states, placement and the newest reward error, as of the last batch received."""
 
     def stop(self) -> None:
         """Stop every searcher and release every process or daemon this runtime started."""
@@ -70,6 +78,7 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     from tba.models import load_model, load_tokenizer, resolve_device
     from tba.samplers import build_sampler
     from tba.searcher import Searcher
+    from tba.seeding import searcher_seed, seed_everything
 
     cfg = from_dict(cfg_dict)
     devices = (cfg.search.device or cfg.model.device).split(",")
@@ -80,7 +89,8 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     tokenizer = load_tokenizer(sources.tokenizer)
     task = build_task(cfg, tokenizer)
     fit_prompts(task, tokenizer, prompt_limit(cfg, reference), cfg.task.long_prompts)
-    seed = cfg.seed + 1000 * (rank + 1)
+    seed = searcher_seed(cfg.seed, rank)
+    seed_everything(seed)  # the HF sampler draws from this process's torch generator
     sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=device, seed=seed)
     searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed, shard=rank,
                         num_shards=cfg.search.num_searchers)
@@ -108,32 +118,21 @@ def worker_state(searcher) -> dict:
     return {**searcher.state_dict(), "rng": rng_state()}
 
 
-def aggregate_stats(per_searcher: list[dict]) -> dict[str, float]:
-    """Runtime metrics from each searcher's latest report (samples, version, busy and sync seconds)."""
-    s = per_searcher
-    if not s:
-        return {}
-    return {
-        "searcher/samples": sum(x["samples"] for x in s),
-        "searcher/version_min": min(x["version"] for x in s),
-        "searcher/busy_fraction": sum(x["busy"] for x in s) / max(sum(x["alive_s"] for x in s), 1e-9),
-        "searcher/tokens": sum(x["state"]["tokens_generated"] for x in s),
-        "searcher/generate_s": sum(x["generate_s"] for x in s),
-        "sync/searcher_load_s": sum(x["sync_s"] for x in s),
-        "sync/searcher_loads": sum(x["loads"] for x in s),
-        "searcher/rewards_dropped": sum(x["state"]["rewards_dropped"] for x in s),
-    }
-
-
-def newest_reward_error(per_searcher: list[dict]) -> str | None:
-    """A reward failure from the searchers' latest reports (lowest rank first), None if there is none."""
-    return next((x["reward_error"] for x in per_searcher if x.get("reward_error")), None)
-
-
-def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
-    """(trainer threads, threads per searcher): one share of the cores per process, at least one."""
-    cores = os.cpu_count() or 1
-    if runtime == "inline":
-        return cores, cores
-    share = max(1, cores // (num_searchers + 1))
-    return share, share
+def worker_report(per_searcher: dict[int, dict], states: list[dict | None], placement: list[dict],
+                  restarts: int) -> RuntimeReport:
+    """The report of a runtime whose searchers send stats with each batch (local processes, Ray actors)."""
+    s = [per_searcher[rank] for rank in sorted(per_searcher)]
+    stats = {"searcher/restarts": restarts}
+    if s:
+        stats.update({
+            "searcher/samples": sum(x["samples"] for x in s),
+            "searcher/version_min": min(x["version"] for x in s),
+            "searcher/busy_fraction": sum(x["busy"] for x in s) / max(sum(x["alive_s"] for x in s), 1e-9),
+            "searcher/tokens": sum(x["state"]["tokens_generated"] for x in s),
+            "searcher/generate_s": sum(x["generate_s"] for x in s),
+            "sync/searcher_load_s": sum(x["sync_s"] for x in s),
+            "sync/searcher_loads": sum(x["loads"] for x in s),
+            "searcher/rewards_dropped": sum(x["state"]["rewards_dropped"] for x in s),
+        })
+    reward_error = next((x["reward_error"] for x in s if x.get("reward_error")), None)  # lowest rank first
+    return RuntimeReport(stats, list(states), placement, reward_error)

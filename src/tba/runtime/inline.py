@@ -10,20 +10,19 @@ from __future__ import annotations
 import os
 import socket
 
+from tba.runtime.base import RuntimeReport
 from tba.searcher import Searcher
 from tba.types import Group
 
 
 class InlineRuntime:
+    searchers = 1
+
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
 
     def start(self) -> None:
         pass
-
-    @property
-    def last_reward_error(self) -> str | None:
-        return self.searcher.last_reward_error
 
     def collect(self, block: bool = True) -> list[Group]:
         """Inline, search happens only when asked: one fresh search iteration (the runtime is always sync)."""
@@ -32,19 +31,15 @@ class InlineRuntime:
     def publish(self, weights, version: int) -> None:
         self.searcher.load_weights(weights, version)
 
-    def stats(self) -> dict[str, float]:
-        return {"searcher/samples": self.searcher.samples_generated,
-                "searcher/tokens": self.searcher.tokens_generated, "searcher/busy_s": self.searcher.busy_s,
-                "searcher/generate_s": self.searcher.generate_s, "sync/searcher_loads": self.searcher.loads,
-                "searcher/version_min": self.searcher.version,
-                "searcher/rewards_dropped": self.searcher.rewards_dropped, "searcher/restarts": 0}
-
-    def searcher_states(self) -> list[dict]:
-        """No RNG here: the searcher shares the trainer process's RNG, which the checkpoint saves."""
-        return [self.searcher.state_dict()]
-
-    def placement(self) -> list[dict]:
-        return [{"rank": 0, "pid": os.getpid(), "host": socket.gethostname()}]
+    def report(self) -> RuntimeReport:
+        """States carry no RNG: the searcher shares the trainer process's RNG, which the checkpoint saves."""
+        s = self.searcher
+        stats = {"searcher/samples": s.samples_generated, "searcher/tokens": s.tokens_generated,
+                 "searcher/busy_s": s.busy_s, "searcher/generate_s": s.generate_s, "sync/searcher_loads": s.loads,
+                 "searcher/version_min": s.version, "searcher/rewards_dropped": s.rewards_dropped,
+                 "searcher/restarts": 0}
+        return RuntimeReport(stats, [s.state_dict()], [{"rank": 0, "pid": os.getpid(), "host": socket.gethostname()}],
+                             s.last_reward_error)
 
     def stop(self) -> None:
         self.searcher.sampler.close()
@@ -53,7 +48,7 @@ class InlineRuntime:
 class OfflineRuntime:
     """No searchers at all: the loop trains on whatever the buffer was restored with (runtime=offline)."""
 
-    last_reward_error = None
+    searchers = 0
 
     def start(self) -> None:
         pass
@@ -64,14 +59,8 @@ class OfflineRuntime:
     def publish(self, weights, version: int) -> None:
         pass
 
-    def stats(self) -> dict[str, float]:
-        return {}
-
-    def searcher_states(self) -> list[dict]:
-        return []
-
-    def placement(self) -> list[dict]:
-        return []
+    def report(self) -> RuntimeReport:
+        return RuntimeReport({}, [], [], None)
 
     def stop(self) -> None:
         pass

@@ -40,10 +40,10 @@ import torch.multiprocessing as mp
 from tba.config import RunConfig, to_dict
 from tba.runtime.base import (
     ModelSources,
+    RuntimeReport,
     SearcherError,
-    aggregate_stats,
     build_searcher,
-    newest_reward_error,
+    worker_report,
     worker_state,
 )
 from tba.runtime.transport import choose_transport, make_sender
@@ -101,6 +101,7 @@ class LocalRuntime:
         self._incarnation = [0] * self.n
         self._states: list[dict | None] = list(states) if states else [None] * self.n
         self._stats: dict[int, dict] = {}
+        self._placement: list[dict] = []
         self.restarts = 0
         # heartbeat (search.heartbeat_timeout_s): since when each rank owes a batch (None = owes none / starting),
         # how many batches it owes in sync mode, and since when a restarted rank has been starting up
@@ -267,22 +268,16 @@ class LocalRuntime:
             self._check_alive()
         return groups
 
-    def searcher_states(self) -> list[dict | None]:
-        """Each searcher's state as of the last batch the trainer received (for checkpoints)."""
-        return list(self._states)
-
-    @property
-    def last_reward_error(self) -> str | None:
-        return newest_reward_error(list(self._stats.values()))
-
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
         self.transport.publish(weights, version)
 
-    def stats(self) -> dict[str, float]:
-        return {**aggregate_stats(list(self._stats.values())), "searcher/restarts": self.restarts}
+    @property
+    def searchers(self) -> int:
+        return self.cfg.search.num_searchers
 
-    def placement(self) -> list[dict]:
-        return self._placement
+    def report(self) -> RuntimeReport:
+        """As of the last batch received from each searcher (its state is what a restart resumes from)."""
+        return worker_report(self._stats, self._states, self._placement, self.restarts)
 
     def stop(self) -> None:
         if self._procs:

@@ -35,11 +35,11 @@ import torch
 from tba.config import RunConfig, to_dict
 from tba.runtime.base import (
     ModelSources,
+    RuntimeReport,
     SearcherError,
-    aggregate_stats,
     build_searcher,
-    newest_reward_error,
     restore_searcher,
+    worker_report,
     worker_state,
 )
 from tba.runtime.transport import choose_transport, make_sender
@@ -298,18 +298,13 @@ class RayRuntime:
         else:
             self._latest = (version, ray.put(_cpu(weights)))
 
-    def stats(self) -> dict[str, float]:
-        return {**aggregate_stats(list(self._stats.values())), "searcher/restarts": self.restarts}
-
-    def searcher_states(self) -> list[dict | None]:
-        return list(self._states)
-
     @property
-    def last_reward_error(self) -> str | None:
-        return newest_reward_error(list(self._stats.values()))
+    def searchers(self) -> int:
+        return self.cfg.search.num_searchers
 
-    def placement(self) -> list[dict]:
-        return self._placement
+    def report(self) -> RuntimeReport:
+        """As of the last batch received from each searcher (its state is what a restart resumes from)."""
+        return worker_report(self._stats, self._states, self._placement, self.restarts)
 
     def stop(self) -> None:
         if ray is not None and ray.is_initialized():

@@ -1,0 +1,48 @@
+"""RunState: the training loop's own state between steps — what a checkpoint saves besides the model,
+optimizer, buffer and searcher states (which their owners save).
+
+It round-trips through a checkpoint's `state.json` (`to_checkpoint` / `from_checkpoint`) in the layout
+checkpoints have always had (a `loop` section plus the two model sources), so older runs still resume.
+Timings and counters that span resumes (`train_s`, `wall_s`, `restarts`, `rewards_dropped`) hold the
+totals up to the start of the current segment; the loop adds the current segment when it checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunState:
+    step: int = 0  # updates the loop has completed
+    # every evaluation: [step, {metric: value} (always "score"), training seconds so far]
+    evals: list = field(default_factory=list)
+    rewards_seen: list[float] = field(default_factory=list)  # mean reward of each step's fresh samples
+    received: int = 0  # samples the trainer received from searchers
+    busy_s: float = 0.0  # seconds the trainer spent drawing, updating and publishing
+    train_s: float = 0.0  # training seconds (evaluation excluded)
+    wall_s: float = 0.0  # wall-clock seconds, start-up included
+    resumed_at: list[int] = field(default_factory=list)
+    restarts: int = 0  # searcher restarts
+    rewards_dropped: int = 0  # samples dropped because the reward raised or was not finite
+    policy_source: str | None = None  # where other processes load the starting policy from
+    reference_source: str | None = None  # and the reference
+
+    def to_checkpoint(self) -> dict:
+        return {"policy_source": self.policy_source, "reference_source": self.reference_source,
+                "loop": {"evals": self.evals, "rewards_seen": self.rewards_seen, "received": self.received,
+                         "busy_s": self.busy_s, "train_s": self.train_s, "wall_s": self.wall_s,
+                         "resumed_at": self.resumed_at, "restarts": self.restarts,
+                         "rewards_dropped": self.rewards_dropped}}
+
+    @classmethod
+    def from_checkpoint(cls, state: dict) -> RunState:
+        """From a checkpoint's state (tba.checkpoint.load); {} (no checkpoint) gives a fresh state."""
+        loop = state.get("loop", {})
+        # checkpoints written before task metrics existed hold the bare score
+        evals = [[s, m if isinstance(m, dict) else {"score": m}, t] for s, m, t in loop.get("evals", [])]
+        return cls(step=state.get("step", 0), evals=evals, rewards_seen=loop.get("rewards_seen", []),
+                   received=loop.get("received", 0), busy_s=loop.get("busy_s", 0.0), train_s=loop.get("train_s", 0.0),
+                   wall_s=loop.get("wall_s", 0.0), resumed_at=loop.get("resumed_at", []),
+                   restarts=loop.get("restarts", 0), rewards_dropped=loop.get("rewards_dropped", 0),
+                   policy_source=state.get("policy_source"), reference_source=state.get("reference_source"))

@@ -1,0 +1,55 @@
+"""The builder: registries turn config names into objects, and nothing it opens is left open."""
+
+import pytest
+
+from tba import build
+from tba.config import ConfigError, load_config
+from tba.objectives import OBJECTIVES
+from tba.store import BufferStore
+from tba.tasks import TASKS
+from tba.types import Group, Sample
+
+
+def test_the_offline_buffer_store_is_closed_after_loading(tmp_path, monkeypatch):
+    """runtime=offline read the saved buffer through a BufferStore that nobody closed."""
+    saved = BufferStore(tmp_path / "saved")
+    saved.append([Group(prompt_id=1, prompt_tokens=[1, 2], samples=[
+        Sample(response=[3, 4], ref_logprobs=[-1.0, -1.0], reward=1.0, version=0)])], step=0)
+    saved.close()
+    opened, closed = [], []
+
+    class Counting(BufferStore):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            opened.append(self)
+
+        def close(self):
+            closed.append(self)
+            super().close()
+
+    monkeypatch.setattr("tba.store.BufferStore", Counting)
+    cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "runtime=offline",
+                             f"buffer.source={tmp_path / 'saved'}"])
+    buffer = build.build_buffer(cfg, tmp_path / "run", None, None, log=lambda m: None)
+    assert len(buffer) == 1 and buffer.store is None
+    assert opened and opened == closed
+
+
+def test_every_registered_objective_and_task_is_accepted_by_config_validation():
+    for name in OBJECTIVES:
+        assert load_config(None, [f"objective={name}"]).objective == name
+        assert callable(OBJECTIVES[name].fn())
+    for name, spec in TASKS.items():
+        policy = [] if spec.builtin_model else ["model.policy=some/model"]
+        assert load_config(None, [f"task.name={name}", *policy]).task.name == name
+    with pytest.raises(ConfigError, match="tb, dr_grpo"):
+        load_config(None, ["objective=ppo"])
+    with pytest.raises(ConfigError, match="give gsm8k a real model"):
+        load_config(None, ["task.name=gsm8k"])
+
+
+def test_an_objective_that_owns_its_reference_gets_a_copy(tiny_model, tiny_tokenizer):
+    cfg = load_config(None, ["objective=tba_prime"])
+    trainer = build.build_trainer(cfg, tiny_model, tiny_model, tiny_tokenizer)
+    assert trainer.reference is not None and trainer.reference is not tiny_model
+    assert build.build_trainer(load_config(None, []), tiny_model, tiny_model, tiny_tokenizer).reference is None

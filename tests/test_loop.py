@@ -1,0 +1,219 @@
+"""The loop's order of operations, with a scripted stub runtime, trainer and evaluation (no model at all).
+
+What is checked: groups are in the buffer (and on disk) before they can be drawn; weights are published
+every k updates with the trainer's version and a new recency window starts there; checkpoints are written
+on schedule and at the end; a resume re-adds the groups accepted after the checkpoint; and the state the
+loop checkpoints (tba.state.RunState) round-trips.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tba import loop as loop_module
+from tba.build import Run, build_buffer
+from tba.config import load_config
+from tba.runtime.base import RuntimeReport
+from tba.state import RunState
+from tba.types import Group, Sample
+
+
+def group(pid: int, version: int, n: int = 4) -> Group:
+    return Group(prompt_id=pid, prompt_tokens=[1, pid], samples=[
+        Sample(response=[pid, j, 2], ref_logprobs=[-1.0] * 3, reward=float(j), version=version,
+               behaviour_logprobs=[-0.5] * 3) for j in range(n)])
+
+
+class StubRuntime:
+    """Delivers one scripted batch of two groups per collect, generated with the last published version."""
+
+    searchers = 1
+
+    def __init__(self, events: list, next_pid: int = 0):
+        self.events, self.version, self.pid = events, 0, next_pid
+
+    def start(self):
+        self.events.append(("start",))
+
+    def collect(self, block: bool):
+        groups = [group(self.pid, self.version), group(self.pid + 1, self.version)]
+        self.pid += 2
+        self.events.append(("collect", block, [g.prompt_id for g in groups]))
+        return groups
+
+    def publish(self, weights, version):
+        self.version = version
+        self.events.append(("publish", version))
+
+    def report(self):
+        return RuntimeReport({"searcher/restarts": 0}, [{"cursor": self.pid}], [{"rank": 0}], None)
+
+    def stop(self):
+        self.events.append(("stop",))
+
+
+class StubTrainer:
+    def __init__(self, events: list):
+        self.events, self.version, self.skipped_steps = events, 0, 0
+        self.optimizer, self.reference = None, None
+
+    def step(self, draws):
+        self.events.append(("update", self.version, [d.prompt_id for d in draws]))
+        self.version += 1
+        return {"trainer/loss": 1.0, "trainer/beta": 0.1, "trainer/tokens_per_s": 1.0, "trainer/skipped": 0.0}
+
+    def weights(self):
+        return {"w": self.version}
+
+
+class RecordingBuffer:
+    """The real buffer, with its extend/sample/mark_sync calls recorded in order."""
+
+    def __init__(self, buffer, events):
+        self._b, self._events = buffer, events
+
+    def __getattr__(self, name):
+        return getattr(self._b, name)
+
+    def __len__(self):
+        return len(self._b)
+
+    def extend(self, groups, step):
+        self._events.append(("store", step, [g.prompt_id for g in groups]))
+        self._b.extend(groups, step)
+
+    def sample(self, b, k):
+        draws = self._b.sample(b, k)
+        self._events.append(("draw", [d.prompt_id for d in draws]))
+        return draws
+
+    def mark_sync(self, step):
+        self._events.append(("window", step))
+        self._b.mark_sync(step)
+
+
+@pytest.fixture
+def harness(tmp_path, monkeypatch):
+    saved = []
+    monkeypatch.setattr(loop_module, "evaluate", lambda *a, **k: {"score": 0.5})
+    monkeypatch.setattr(loop_module.ckpt, "save", lambda out, *, step, state, **k: saved.append((step, state)))
+
+    def make(steps=6, k=2, every=4, state=None, next_pid=0, resumed=False):
+        cfg = load_config(None, [f"output_dir={tmp_path}", f"trainer.steps={steps}", f"trainer.sync_every_steps={k}",
+                                 f"checkpoint.every_steps={every}", "eval.every_steps=3", "buffer.prefill_samples=8",
+                                 "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "mode=async",
+                                 "buffer.online_prob=1", "logging.progress=false", "logging.tensorboard=false"])
+        events: list = []
+        state = state or RunState()
+        buffer_state = saved[-1][1]["buffer"] if resumed else None
+        buffer = build_buffer(cfg, tmp_path, tmp_path if resumed else None, buffer_state, log=lambda m: None)
+        parts = Run(task=SimpleNamespace(test=[0] * 5), tokenizer=None, policy=None, reference=None,
+                    trainer=StubTrainer(events), buffer=RecordingBuffer(buffer, events),
+                    runtime=StubRuntime(events, next_pid), fitted={"prompts_too_long": 0, "prompts_truncated": 0})
+        logger = SimpleNamespace(lines=[], close=lambda: None)
+        logger.log = lambda step, m: logger.lines.append((step, m))
+        run = loop_module.Loop(cfg, tmp_path, parts, logger, state, lambda m: None, 0.0, resumed=resumed)
+        return run, events, logger
+
+    return make, saved
+
+
+def test_groups_are_stored_before_they_can_be_drawn(harness):
+    make, _ = harness
+    run, events, _ = make()
+    run.run()
+    run.close()
+    stored: set[int] = set()
+    for e in events:
+        if e[0] == "store":
+            stored |= set(e[2])
+        if e[0] == "draw":
+            assert set(e[1]) <= stored, e
+    # prefill blocks for 8 samples (one batch of 2 groups × 4), then every step collects without waiting
+    collects = [e for e in events if e[0] == "collect"]
+    assert collects[0][1] is True and all(c[1] is False for c in collects[1:])
+    assert [e[0] for e in events[:4]] == ["start", "collect", "store", "window"]
+
+
+def test_weights_are_published_every_k_updates_with_the_trainer_version(harness):
+    make, _ = harness
+    run, events, logger = make(steps=6, k=2)
+    run.run()
+    publishes = [e[1] for e in events if e[0] == "publish"]
+    assert publishes == [2, 4, 6]
+    # each publish is followed by a new recency window at that step, before the next collect
+    for i, e in enumerate(events):
+        if e[0] == "publish":
+            assert events[i + 1] == ("window", e[1])
+    # staleness = the trainer's version before the update − the sample's; recency draws the newest groups,
+    # generated with the last published version: 0 on the first step of a window, 1 on the second
+    assert [m["staleness/max"] for _, m in logger.lines] == [0, 1, 0, 1, 0, 1]
+    assert [s for s, _ in logger.lines] == [1, 2, 3, 4, 5, 6]
+
+
+def test_checkpoints_follow_the_schedule_and_the_end(harness):
+    make, saved = harness
+    run, _, logger = make(steps=10, every=4)
+    summary = run.run()
+    run.close()
+    assert [s for s, _ in saved] == [4, 8, 10]  # every 4, and at the end; close() adds none (already saved)
+    assert summary["trainer_steps"] == 10 and summary["score_start"] == 0.5
+    evals = [s for s, m in logger.lines if "eval/score" in m]
+    assert evals == [3, 6, 9, 10]
+
+
+def test_an_interrupted_step_gets_an_exit_checkpoint_of_the_last_completed_step(harness):
+    make, saved = harness
+    run, events, _ = make(steps=10, every=4)
+    run.trainer.step = lambda draws: (_ for _ in ()).throw(RuntimeError("boom")) if run.state.step == 5 else \
+        StubTrainer.step(run.trainer, draws)
+    with pytest.raises(RuntimeError, match="boom"):
+        run.run()
+    run.close()
+    assert [s for s, _ in saved] == [4]  # the failing update was half applied: no exit checkpoint of it
+    run2, _, _ = make(steps=10, every=4)
+    run2.trainer.step = lambda draws: StubTrainer.step(run2.trainer, draws)
+    run2.started = True
+    run2.state.step = 5  # a completed step that is not saved yet
+    run2.close()
+    assert [s for s, _ in saved] == [4, 5]
+
+
+def test_resume_re_adds_the_groups_accepted_after_the_checkpoint(harness):
+    make, saved = harness
+    run, events, _ = make(steps=6, every=4)
+    run.run()
+    run.close()
+    all_groups = run.buffer.groups_added
+    # the checkpoint at step 4 saw fewer groups than the run accepted by its end
+    step4 = next(state for step, state in saved if step == 4)
+    saved[:] = [(4, step4)]
+    run2, _, _ = make(steps=6, every=4, state=RunState.from_checkpoint({**step4, "step": 4}), resumed=True)
+    assert step4["buffer"]["groups_added"] < all_groups
+    assert run2.buffer.groups_added == all_groups  # everything on disk is back in memory
+
+
+def test_run_state_round_trips_a_checkpoint(tmp_path):
+    state = RunState(step=7, evals=[[0, {"score": 0.25}, 0.0], [5, {"score": 0.5, "kl": 0.1}, 3.5]],
+                     rewards_seen=[0.1, 0.2], received=96, busy_s=2.5, train_s=4.0, wall_s=9.0, resumed_at=[3],
+                     restarts=1, rewards_dropped=2, policy_source="/a", reference_source="/b")
+    on_disk = json.loads(json.dumps({**state.to_checkpoint(), "step": 7}))  # state.json is JSON
+    assert RunState.from_checkpoint(on_disk) == state
+    # checkpoints from before task metrics held the bare score
+    old = {"step": 1, "loop": {"evals": [[0, 0.3, 0.0]]}}
+    assert RunState.from_checkpoint(old).evals == [[0, {"score": 0.3}, 0.0]]
+    assert RunState.from_checkpoint({}) == RunState()
+
+
+def test_an_async_trainer_drawing_on_an_aging_buffer_warns(harness, monkeypatch):
+    make, _ = harness
+    run, _, _ = make(steps=3)
+    logs = []
+    run.log = logs.append
+    monkeypatch.setattr(loop_module, "NO_FRESH_WARN_S", 0.0)
+    run.runtime.collect = lambda block: [group(100, 0), group(101, 0)] if block else []  # prefill, then silence
+    run.run()
+    assert sum("no fresh samples" in m for m in logs) == 1  # once per quiet spell, not every step

@@ -1,0 +1,42 @@
+"""One seeding rule for every runtime: a searcher process seeds its RNGs, and the inline searcher walks the
+same prompts in the same order as a process searcher of the same rank."""
+
+import copy
+
+import torch
+
+from tba.build import build_runtime
+from tba.config import load_config, to_dict
+from tba.models import save_checkpoint
+from tba.runtime.base import ModelSources, build_searcher
+
+OVERRIDES = ["task.digits=2", "task.train_size=200", "task.test_size=20", "search.prompts_per_batch=3",
+             "search.samples_per_prompt=4", "search.max_new_tokens=6", "seed=7"]
+
+
+def _sources(tmp_path, model, tokenizer) -> ModelSources:
+    save_checkpoint(model, tokenizer, tmp_path / "start")
+    return ModelSources(policy=str(tmp_path / "start"), reference=str(tmp_path / "start"),
+                        tokenizer=str(tmp_path / "start"))
+
+
+def test_a_searcher_process_samples_the_same_whatever_the_global_rng_was(tmp_path, tiny_model, tiny_tokenizer):
+    """Workers never seeded torch: the HF sampler drew from whatever state the process happened to have."""
+    cfg = to_dict(load_config(None, OVERRIDES))
+    sources = _sources(tmp_path, tiny_model, tiny_tokenizer)
+    runs = []
+    for noise in (1, 2):
+        torch.manual_seed(noise)  # what the process did before: spawn, imports, model loading...
+        searcher = build_searcher(0, cfg, sources, threads=1)
+        runs.append([(g.prompt_id, [s.response for s in g.samples]) for g in searcher.step()])
+    assert runs[0] == runs[1]
+
+
+def test_inline_and_process_searchers_walk_the_same_prompts(tmp_path, tiny_model, tiny_tokenizer, arith_task):
+    cfg = load_config(None, [*OVERRIDES, "runtime=inline", "mode=sync"])
+    sources = _sources(tmp_path, tiny_model, tiny_tokenizer)
+    process = build_searcher(0, to_dict(cfg), sources, threads=1)
+    inline = build_runtime(cfg, task=copy.deepcopy(process.task), tokenizer=tiny_tokenizer, policy=tiny_model,
+                           reference=copy.deepcopy(tiny_model), sources=sources).searcher
+    assert [p.id for p in inline.prompts] == [p.id for p in process.prompts]
+    assert inline._order == process._order
