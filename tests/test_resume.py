@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from soak import children  # noqa: E402  (the soak bench's /proc walk: children of a process)
 
 TINY = [str(Path(__file__).parent / "tiny.yaml"), "task.digits=1", "eval.every_steps=1000", "search.max_new_tokens=16",
-        "trainer.lr=1e-3"]  # the tiny recipe first, then this file's overrides
+        "trainer.sync_every_steps=1", "trainer.lr=1e-3"]  # the tiny recipe first, then this file's overrides
 INLINE = ["runtime=inline", "mode=sync", "threads=1"]
 
 

@@ -64,8 +64,10 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
         moved = rundir.set_aside_metrics(out, state.step)
         log(f"resuming {out} from {resume_from.name} (step {state.step}); "
             f"{moved} metric lines of the interrupted segment moved to metrics.interrupted.jsonl")
+    logger = MetricsLogger(out, cfg)
+    if resume_from is not None:
         ckpt.set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
-    run = Loop(cfg, out, parts, MetricsLogger(out, cfg), state, log, t_run, resumed=resume_from is not None)
+    run = Loop(cfg, out, parts, logger, state, log, t_run, resumed=resume_from is not None)
     try:
         summary = run.run()
     finally:

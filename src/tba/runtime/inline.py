@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 from tba.runtime.base import RuntimeReport
 from tba.searcher import Searcher
@@ -20,9 +21,10 @@ class InlineRuntime:
 
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
+        self.t_start = time.perf_counter()
 
     def start(self) -> None:
-        pass
+        self.t_start = time.perf_counter()
 
     def collect(self, block: bool = True) -> list[Group]:
         """Inline, search happens only when asked: one fresh search iteration (the runtime is always sync)."""
@@ -35,7 +37,8 @@ class InlineRuntime:
         """States carry no RNG: the searcher shares the trainer process's RNG, which the checkpoint saves."""
         s = self.searcher
         stats = {"searcher/samples": s.samples_generated, "searcher/tokens": s.tokens_generated,
-                 "searcher/busy_s": s.busy_s, "searcher/generate_s": s.generate_s, "sync/searcher_loads": s.loads,
+                 "searcher/busy_fraction": s.busy_s / max(time.perf_counter() - self.t_start, 1e-9),
+                 "searcher/generate_s": s.generate_s, "sync/searcher_loads": s.loads,
                  "searcher/version_min": s.version, "searcher/rewards_dropped": s.rewards_dropped,
                  "searcher/restarts": 0}
         return RuntimeReport(stats, [s.state_dict()], [{"rank": 0, "pid": os.getpid(), "host": socket.gethostname()}],
