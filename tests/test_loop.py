@@ -101,11 +101,12 @@ def harness(tmp_path, monkeypatch):
     monkeypatch.setattr(loop_module, "evaluate", lambda *a, **k: {"score": 0.5})
     monkeypatch.setattr(loop_module.ckpt, "save", lambda out, *, step, state, **k: saved.append((step, state)))
 
-    def make(steps=6, k=2, every=4, state=None, next_pid=0, resumed=False):
+    def make(steps=6, k=2, every=4, state=None, next_pid=0, resumed=False, extra=()):
         cfg = load_config(None, [f"output_dir={tmp_path}", f"trainer.steps={steps}", f"trainer.sync_every_steps={k}",
                                  f"checkpoint.every_steps={every}", "eval.every_steps=3", "buffer.prefill_samples=8",
                                  "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "mode=async",
-                                 "buffer.online_prob=1", "logging.progress=false", "logging.tensorboard=false"])
+                                 "buffer.online_prob=1", "logging.progress=false", "logging.tensorboard=false",
+                                 *extra])
         events: list = []
         state = state or RunState()
         buffer_state = saved[-1][1]["buffer"] if resumed else None
@@ -217,3 +218,25 @@ def test_an_async_trainer_drawing_on_an_aging_buffer_warns(harness, monkeypatch)
     run.runtime.collect = lambda block: [group(100, 0), group(101, 0)] if block else []  # prefill, then silence
     run.run()
     assert sum("no fresh samples" in m for m in logs) == 1  # once per quiet spell, not every step
+
+
+@pytest.mark.parametrize("bound", [None, 1.0])
+def test_max_replay_ratio_makes_an_async_trainer_wait_for_fresh_samples(harness, bound):
+    """B·K = 4 draws per update; a collect brings 8 samples, but the searcher delivers only every third call."""
+    make, _ = harness
+    run, events, logger = make(steps=12, extra=[f"trainer.max_replay_ratio={bound or 'null'}"])
+    calls = {"n": 0}
+    original = run.runtime.collect
+
+    def collect(block):
+        calls["n"] += 1
+        return original(block) if block or calls["n"] % 3 == 0 else []
+
+    run.runtime.collect = collect
+    run.run()
+    waits = len([e for e in events if e[0] == "collect" and e[1]]) - 1  # blocking collects after the prefill
+    ratios = [m["trainer/replay_ratio"] for _, m in logger.lines]
+    if bound is None:  # never waits: 48 draws from 40 samples
+        assert waits == 0 and ratios[-1] == pytest.approx(48 / 40)
+    else:  # waits whenever the ratio reached the bound; one update (4 draws) past it at most
+        assert waits > 0 and max(ratios) <= bound + 4 / 8

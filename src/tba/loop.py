@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -34,7 +32,7 @@ from tba.config import RunConfig, save_config
 from tba.evaluate import evaluate
 from tba.metrics import MetricsLogger, run_summary, step_metrics
 from tba.models import save_checkpoint
-from tba.progress import RunProgress
+from tba.progress import GracefulStop, RunProgress
 from tba.seeding import seed_everything
 from tba.state import RunState
 
@@ -78,29 +76,6 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
     return summary
 
 
-class _GracefulStop:
-    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second Ctrl-C: stop at once."""
-
-    def __init__(self, log):
-        self.log, self.requested, self._previous = log, False, {}
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.log(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again: now)")
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 class Loop:
     """Runs the steps of one segment of a run (a fresh start or a resume) over the parts `tba.build` made."""
 
@@ -130,7 +105,7 @@ class Loop:
         self.prefill()
         self.t_loop, self.busy_before = time.perf_counter(), s.busy_s
         with RunProgress(t.steps, enabled=self.cfg.logging.progress, start=s.step) as progress, \
-                _GracefulStop(self.log) as stop:
+                GracefulStop(self.log) as stop:
             while s.step < t.steps:
                 metrics = self.step()
                 progress.update(s.step, reward=s.rewards_seen[-1] if s.rewards_seen else float("nan"),
@@ -168,7 +143,7 @@ class Loop:
 
     def step(self) -> dict:
         s, t, trainer = self.state, self.cfg.trainer, self.trainer
-        fresh = self.receive(self.runtime.collect(block=self.cfg.mode == "sync"), s.step + 1)
+        fresh = self.receive(self.runtime.collect(block=self.cfg.mode == "sync" or self.over_replay()), s.step + 1)
         self.watch_freshness(bool(fresh))
         t_step = time.perf_counter()
         draws = self.buffer.sample(t.prompts_per_step, t.samples_per_prompt)
@@ -195,8 +170,19 @@ class Loop:
         metrics = step_metrics(update, draws=draws, version=version, buffer=self.buffer, fresh=fresh,
                                received=s.received, busy_fraction=self.busy_fraction(), searchers=report.stats,
                                wall_clock_s=self.wall_s())
+        metrics["trainer/replay_ratio"] = self.replay_ratio()
         self.logger.log(s.step, metrics)
         return metrics
+
+    def replay_ratio(self) -> float:
+        """Samples the trainer has drawn per sample the searchers delivered (> 1: replay)."""
+        t = self.cfg.trainer
+        return self.state.step * t.prompts_per_step * t.samples_per_prompt / max(self.state.received, 1)
+
+    def over_replay(self) -> bool:
+        """trainer.max_replay_ratio: past it, an async trainer waits for fresh samples before updating."""
+        bound = self.cfg.trainer.max_replay_ratio
+        return bound is not None and self.runtime.searchers > 0 and self.replay_ratio() >= bound
 
     # ---- around the algorithm: evaluation, warnings, timing, checkpoints -------------------------------------
     def evaluate(self) -> dict[str, float]:

@@ -1,6 +1,9 @@
-"""Live progress bar and the closing before/after table (rich)."""
+"""What a person sees and does while a run goes: the live progress bar, Ctrl-C, the before/after table."""
 
 from __future__ import annotations
+
+import signal
+import threading
 
 from rich.console import Console
 from rich.progress import (
@@ -37,6 +40,29 @@ class RunProgress:
     def update(self, step: int, *, reward: float, score: float, beta: float, tokens_per_s: float) -> None:
         info = f"reward {reward:.3f} · eval {score:.3f} · β {beta:.4g} · {tokens_per_s:,.0f} tok/s"
         self._progress.update(self._task, completed=step, info=info)
+
+
+class GracefulStop:
+    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second Ctrl-C: stop at once."""
+
+    def __init__(self, log):
+        self.log, self.requested, self._previous = log, False, {}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again: now)")
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def print_summary(summary: dict) -> None:

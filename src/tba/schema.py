@@ -238,6 +238,10 @@ class TrainerConfig:
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
     """None = no clipping (as the paper)."""
+    max_replay_ratio: float | None = None
+    """Async: the trainer's draws per sample received (B·K·updates / samples received) may not exceed this;
+    past it, the next collect waits for fresh samples (the bound AReaL and PipelineRL put on staleness,
+    here on replay). None = never wait: the trainer replays the buffer as fast as it can (the paper's loop)."""
 
 
 @dataclass
