@@ -104,13 +104,14 @@ class Loop:
         self.t_train, self.eval_s = time.perf_counter(), 0.0  # eval_s: evaluation time, excluded from train_s
         self.prefill()
         self.t_loop, self.busy_before = time.perf_counter(), s.busy_s
-        with RunProgress(t.steps, enabled=self.cfg.logging.progress, start=s.step) as progress, \
-                GracefulStop(self.log) as stop:
+        shown = self.cfg.logging
+        progress_bar = RunProgress(t.steps, enabled=shown.progress, start=s.step, plain_every_s=shown.plain_every_s)
+        with progress_bar as progress, GracefulStop(self.log) as stop:
             while s.step < t.steps:
                 metrics = self.step()
                 progress.update(s.step, reward=s.rewards_seen[-1] if s.rewards_seen else float("nan"),
                                 score=s.evals[-1][1]["score"], beta=metrics["trainer/beta"],
-                                tokens_per_s=metrics["trainer/tokens_per_s"])
+                                tokens_per_s=metrics["trainer/tokens_per_s"], staleness=metrics["staleness/mean"])
                 every = self.cfg.checkpoint.every_steps
                 if every and s.step % every == 0 and s.step < t.steps:
                     self.checkpoint()

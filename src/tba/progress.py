@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 
 from rich.console import Console
 from rich.progress import (
@@ -20,26 +22,49 @@ console = Console(stderr=True)
 
 
 class RunProgress:
-    def __init__(self, total: int, enabled: bool = True, start: int = 0):
-        self.enabled = enabled
+    """A live bar on a terminal; without one (a log file, CI) a plain line every `plain_every_s` seconds and
+    at the last step, so that `tba train > log` reads as a log, never as a truncated bar."""
+
+    def __init__(self, total: int, enabled: bool = True, start: int = 0, plain_every_s: float = 30.0):
+        self.enabled, self.total, self.start, self.plain_every_s = enabled, total, start, plain_every_s
+        self.plain = enabled and not console.is_terminal
+        self._t0 = self._last = time.monotonic()
         self._progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-            console=console, disable=not enabled,
+            console=console, disable=not enabled or self.plain,
         )
         # a resumed run starts at its checkpoint step, so speed and ETA count only the steps done now
         self._task = self._progress.add_task("train", total=total, completed=start, info="")
 
     def __enter__(self):
         self._progress.start()
+        self._t0 = self._last = time.monotonic()
         return self
 
     def __exit__(self, *exc):
         self._progress.stop()
 
-    def update(self, step: int, *, reward: float, score: float, beta: float, tokens_per_s: float) -> None:
-        info = f"reward {reward:.3f} · eval {score:.3f} · β {beta:.4g} · {tokens_per_s:,.0f} tok/s"
+    def update(self, step: int, *, reward: float, score: float, beta: float, tokens_per_s: float,
+               staleness: float = float("nan")) -> None:
+        info = (f"reward {reward:.3f} · eval {score:.3f} · β {beta:.4g} · staleness {staleness:.1f} · "
+                f"{tokens_per_s:,.0f} tok/s")
         self._progress.update(self._task, completed=step, info=info)
+        now = time.monotonic()
+        if self.plain and (now - self._last >= self.plain_every_s or step == self.total):
+            self._last = now
+            elapsed = now - self._t0
+            done = step - self.start
+            eta = elapsed / done * (self.total - step) if done else float("nan")
+            print(f"step {step}/{self.total} · {_clock(elapsed)} elapsed, eta {_clock(eta)} · {info}",
+                  file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    if seconds != seconds:  # nan
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
 class GracefulStop:

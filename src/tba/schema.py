@@ -275,7 +275,9 @@ class LoggingConfig:
     wandb: bool = False
     wandb_project: str = "tba"
     progress: bool = True
-    """Live progress bar (rich)."""
+    """Live progress bar (rich) on a terminal; without one, plain progress lines (see plain_every_s)."""
+    plain_every_s: float = 30.0
+    """Without a terminal (stderr redirected to a file, CI): one plain progress line every this many seconds."""
 
 
 @dataclass
