@@ -1,4 +1,5 @@
-"""`tba train|sft [CONFIG.yaml] [key.sub=value ...]`, `tba train --resume RUN_DIR`, `tba buffer stats|dump`.
+"""`tba train|sft [CONFIG.yaml] [key.sub=value ...]`, `tba train --resume RUN_DIR`, `tba buffer stats|dump`,
+`tba export RUN_DIR OUT_DIR`.
 
 The config (embedded default recipe when no file is given) is loaded and validated before anything heavy
 is imported, so a typo costs a second, not a model build.
@@ -17,7 +18,8 @@ USAGE = """tba train [CONFIG.yaml] [key.sub=value ...] [--overwrite]   run TBA (
 tba train --resume RUN_DIR [key.sub=value ...]            continue a run from its last complete checkpoint
 tba sft   [CONFIG.yaml] [key.sub=value ...]               build (or reuse) the cached SFT warm start
 tba buffer stats RUN_DIR                                  what a run's durable replay buffer holds
-tba buffer dump RUN_DIR [--limit N]                       its groups as JSON lines (decoded if possible)"""
+tba buffer dump RUN_DIR [--limit N]                       its groups as JSON lines (decoded if possible)
+tba export RUN_DIR OUT_DIR                                the run's policy as a servable model (LoRA merged)"""
 
 
 def buffer_command(action: str, run_dir: str, limit: int | None) -> int:
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
               + "recipes: src/tba/recipes/*.yaml; every key: docs/architecture.md")
     parser = argparse.ArgumentParser(prog="tba", usage=USAGE, epilog=epilog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "sft", "buffer"])
+    parser.add_argument("command", choices=["train", "sft", "buffer", "export"])
     parser.add_argument("args", nargs="*", help="optional CONFIG.yaml, then key.sub=value overrides")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last complete checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
@@ -88,6 +90,18 @@ def main(argv: list[str] | None = None) -> int:
         if len(ns.args) != 2 or ns.args[0] not in ("stats", "dump"):
             parser.error("usage: tba buffer stats|dump RUN_DIR")
         return buffer_command(ns.args[0], ns.args[1], ns.limit)
+    if ns.command == "export":
+        if len(ns.args) != 2:
+            parser.error("usage: tba export RUN_DIR OUT_DIR")
+        from tba.checkpoint import CheckpointError
+        from tba.export import ExportError, export
+
+        try:
+            export(ns.args[0], ns.args[1])
+        except (ExportError, CheckpointError) as e:
+            print(f"tba: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        return 0
     config, overrides = _split(ns.args)
     try:
         if ns.resume:
