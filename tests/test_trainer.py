@@ -163,3 +163,11 @@ def test_dropout_is_off_during_updates(tiny_model, tiny_tokenizer, draws):
     first, second = trainer.step(draws), trainer.step(draws)
     assert first["trainer/logp_mean"] == pytest.approx(second["trainer/logp_mean"], abs=1e-5)
     assert not model.training
+
+
+def test_tb_diagnostics_match_the_loss(tiny_model, tiny_tokenizer, draws):
+    """residual_std² is the TB loss (δ has group mean 0), for TB and reported alike for other objectives."""
+    metrics = _trainer(tiny_model, tiny_tokenizer).step(draws)
+    assert metrics["trainer/residual_std"] ** 2 == pytest.approx(metrics["trainer/loss"], rel=1e-4)
+    assert metrics["trainer/residual_max"] >= metrics["trainer/residual_std"] > 0
+    assert math.isfinite(metrics["trainer/log_z_mean"])

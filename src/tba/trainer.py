@@ -23,7 +23,7 @@ from tba.config import BaselineConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
 from tba.models import synced_tensors
 from tba.objectives import OBJECTIVES, objective_loss
-from tba.objectives.tb import beta_at
+from tba.objectives.tb import beta_at, vargrad_log_z
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -119,6 +119,7 @@ class Trainer:
         self.model.eval()
         n_total = sum(len(d.samples) for d in draws)
         loss_total, tokens, logp_sum, ratio_sum = 0.0, 0, 0.0, 0.0
+        log_zs, residuals = [], []
         mb = self.cfg.micro_batch_prompts
         for start in range(0, len(draws), mb):
             micro = draws[start:start + mb]
@@ -141,6 +142,10 @@ class Trainer:
                                   cfg=self.baselines, max_tokens=self.max_tokens) * (len(responses) / n_total)
             logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
             ref = (ref_tok * mask).sum(-1)  # [N]
+            # TB diagnostics, whatever the objective: δ = log Ẑ + log π_θ − log π_ref − r/β per sequence
+            log_z = vargrad_log_z(logp, ref, reward.to(logp.dtype), group, beta)
+            log_zs.append(log_z)
+            residuals.append(log_z + logp - ref - reward.to(logp.dtype) / beta)
             loss.backward()
             loss_total += loss.item()
             tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
@@ -169,6 +174,10 @@ class Trainer:
             "trainer/logp_mean": logp_sum / n_total,
             "trainer/log_ratio_mean": ratio_sum / n_total,
             "trainer/tokens_per_s": tokens / elapsed,
+            # log Ẑ per prompt group, and the spread of δ (its group mean is 0 by construction, so std = RMS)
+            "trainer/log_z_mean": torch.cat(log_zs).mean().item(),
+            "trainer/residual_std": torch.cat(residuals).pow(2).mean().sqrt().item(),
+            "trainer/residual_max": torch.cat(residuals).abs().max().item(),
             "trainer/step_s": elapsed,
             "trainer/skipped": float(not finite),
         }
