@@ -1,5 +1,5 @@
 """`tba train|sft [CONFIG.yaml] [key.sub=value ...]`, `tba train --resume RUN_DIR`, `tba buffer stats|dump`,
-`tba export RUN_DIR OUT_DIR`.
+`tba export RUN_DIR OUT_DIR`, `tba report RUN_DIR [RUN_DIR ...] [--out DIR]`.
 
 The config (embedded default recipe when no file is given) is loaded and validated before anything heavy
 is imported, so a typo costs a second, not a model build.
@@ -19,7 +19,8 @@ tba train --resume RUN_DIR [key.sub=value ...]            continue a run from it
 tba sft   [CONFIG.yaml] [key.sub=value ...]               build (or reuse) the cached SFT warm start
 tba buffer stats RUN_DIR                                  what a run's durable replay buffer holds
 tba buffer dump RUN_DIR [--limit N]                       its groups as JSON lines (decoded if possible)
-tba export RUN_DIR OUT_DIR                                the run's policy as a servable model (LoRA merged)"""
+tba export RUN_DIR OUT_DIR                                the run's policy as a servable model (LoRA merged)
+tba report RUN_DIR [RUN_DIR ...] [--out DIR]              figures + one self-contained report.html (runs overlaid)"""
 
 
 def buffer_command(action: str, run_dir: str, limit: int | None) -> int:
@@ -80,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
               + "recipes: src/tba/recipes/*.yaml; every key: docs/architecture.md")
     parser = argparse.ArgumentParser(prog="tba", usage=USAGE, epilog=epilog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "sft", "buffer", "export"])
+    parser.add_argument("command", choices=["train", "sft", "buffer", "export", "report"])
     parser.add_argument("args", nargs="*", help="optional CONFIG.yaml, then key.sub=value overrides")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last complete checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
     parser.add_argument("--limit", type=int, help="buffer dump: at most N groups")
+    parser.add_argument("--out", metavar="DIR", help="report: where to write (default RUN_DIR/report, ./tba-report)")
     ns = parser.parse_intermixed_args(argv)
     if ns.command == "buffer":
         if len(ns.args) != 2 or ns.args[0] not in ("stats", "dump"):
@@ -99,6 +101,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             export(ns.args[0], ns.args[1])
         except (ExportError, CheckpointError) as e:
+            print(f"tba: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if ns.command == "report":
+        if not ns.args:
+            parser.error("usage: tba report RUN_DIR [RUN_DIR ...] [--out DIR]")
+        from tba.report import ReportError, report
+
+        runs = [Path(a) for a in ns.args]
+        out = Path(ns.out) if ns.out else runs[0] / "report" if len(runs) == 1 else Path("tba-report")
+        try:
+            report(runs, out)
+        except ReportError as e:
             print(f"tba: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         return 0
