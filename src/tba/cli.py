@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 print_summary(summary)
             log(f"run directory: {cfg.output_dir} (summary.json, metrics.jsonl, tensorboard/, checkpoint/; "
                 f"buffer.sqlite and checkpoints/ for `tba train --resume {cfg.output_dir}` and `tba buffer`)")
+            log(f"figures: `tba report {cfg.output_dir}`; a servable model: `tba export {cfg.output_dir} OUT_DIR`")
         else:
             from tba.build import build_task
             from tba.sft import warm_start
