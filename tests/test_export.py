@@ -2,7 +2,9 @@
 as the run's policy; a run without a final policy exports its newest checkpoint; bad input gets a message."""
 
 import copy
+import importlib.util
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -59,3 +61,53 @@ def test_nothing_to_export_is_a_message(tmp_path, capsys):
     assert "no final policy (checkpoint/) and no full checkpoint" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "missing"), str(tmp_path / "out")]) == 1
     assert "no such run directory" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_an_exported_lora_model_serves_with_vllm_and_decodes_as_the_policy(tmp_path, arith_task):
+    """The export is what a user serves: vllm.LLM loads it (tokenizer included) and its greedy tokens are the
+    run policy's. A model vLLM's CPU attention accepts (head size 32)."""
+    from vllm import LLM, SamplingParams
+
+    from tba.config import TinyModelConfig
+    from tba.models import build_tiny_model, train_tokenizer
+
+    tok = train_tokenizer(arith_task.corpus(), 128)
+    save_checkpoint(build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2,
+                                                          intermediate_size=128), seed=0), tok, tmp_path / "base")
+    policy = apply_lora(load_model(str(tmp_path / "base")), LoraConfig(enabled=True, r=4, alpha=8))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.3)
+    save_checkpoint(policy, tok, tmp_path / "run" / "checkpoint")
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+
+    prompts = ["12+34=", "7+8=", "99+1="]
+    llm = LLM(str(tmp_path / "out"), dtype="float32", enforce_eager=True, max_model_len=64,
+              kv_cache_memory_bytes=1 << 27, seed=0)
+    try:
+        outs = llm.generate([{"prompt_token_ids": tok(p)["input_ids"]} for p in prompts],
+                            SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    finally:  # as tba.samplers.vllm closes its engines: later engines (and process checks) find a clean slate
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
+    served = [list(o.outputs[0].token_ids) for o in outs]
+    expected = greedy(policy, tok, prompts)
+
+    def upto_eos(ids):
+        return ids[: ids.index(tok.eos_token_id) + 1] if tok.eos_token_id in ids else ids
+
+    assert [upto_eos(s) for s in served] == [upto_eos(e) for e in expected]
+    import time
+
+    from tests.runtime.test_runtimes import child_processes
+
+    deadline = time.monotonic() + 15  # the engine-core process exits shortly after shutdown()
+    while child_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not child_processes()
