@@ -30,7 +30,7 @@ from tba.build import build_run, default_threads
 from tba.checkpoint import CheckpointError
 from tba.config import RunConfig, save_config
 from tba.evaluate import evaluate
-from tba.metrics import MetricsLogger, run_summary, step_metrics
+from tba.metrics import MetricsLogger, buffer_age_mean, run_summary, step_metrics
 from tba.models import save_checkpoint
 from tba.progress import GracefulStop, RunProgress
 from tba.seeding import seed_everything
@@ -208,9 +208,9 @@ class Loop:
             return
         quiet = time.monotonic() - self.last_fresh
         if quiet >= NO_FRESH_WARN_S and not self.warned_no_fresh:
-            ages = [self.trainer.version - x.version for h in self.buffer.histories.values() for x in h.items]
+            age = buffer_age_mean(self.buffer, self.trainer.version)
             self.log(f"warning: no fresh samples for {quiet:.0f}s — training on an aging buffer (mean sample age "
-                     f"{sum(ages) / max(len(ages), 1):.1f} versions). A searcher silent for "
+                     f"{age:.1f} versions). A searcher silent for "
                      f"search.heartbeat_timeout_s={self.cfg.search.heartbeat_timeout_s:.0f}s is restarted")
             self.warned_no_fresh = True
 

@@ -17,12 +17,17 @@ import numpy as np
 from tba.config import RunConfig, to_dict
 
 
+def buffer_age_mean(buffer, version: int) -> float:
+    """Mean (version − sample version) over everything the buffer holds in memory; nan when it is empty."""
+    ages = [version - s.version for h in buffer.histories.values() for s in h.items]
+    return float(np.mean(ages)) if ages else float("nan")
+
+
 def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh: list[float], received: int,
                  busy_fraction: float, searchers: dict[str, float], wall_clock_s: float) -> dict[str, float]:
     """One step's metrics: the trainer's `update` metrics, plus what was drawn (staleness = trainer version −
     sample version, before the update), what the buffer holds, and the searchers' own counters."""
     staleness = [version - s.version for d in draws for s in d.samples]
-    ages = [version - s.version for h in buffer.histories.values() for s in h.items]
     return {
         **update,
         "searcher/reward_mean": float(np.mean(fresh)) if fresh else float("nan"),  # this step's fresh samples
@@ -31,7 +36,7 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
         "buffer/size": len(buffer),
         "buffer/prompts": buffer.num_prompts,
         "buffer/groups": buffer.groups_added,
-        "buffer/age_mean": float(np.mean(ages)) if ages else float("nan"),
+        "buffer/age_mean": buffer_age_mean(buffer, version),
         "buffer/online_fraction": float(np.mean([d.online for d in draws])),
         "staleness/mean": float(np.mean(staleness)),
         "staleness/max": float(np.max(staleness)),

@@ -128,7 +128,7 @@ FIGURES = [
         ("grad norm", "grad norm (log)", STEP, [("trainer/grad_norm", "grad norm")], True),
         ("log Ẑ mean", "log Ẑ", STEP, [("trainer/log_z_mean", "log Ẑ mean")], False),
         ("residual", "residual", STEP,
-         [("trainer/residual_mean", "mean"), ("trainer/residual_std", "std")], False)]),
+         [("trainer/residual_std", "std (RMS)"), ("trainer/residual_max", "max abs")], False)]),
 ]
 OPTIONAL_PANELS = {"log Ẑ mean", "residual"}  # drawn only when some run logged them
 SMOOTHED = {"searcher/reward_mean", "trainer/loss"}  # noisy per step: rolling mean over the raw, drawn faint

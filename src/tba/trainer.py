@@ -143,9 +143,10 @@ class Trainer:
             logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
             ref = (ref_tok * mask).sum(-1)  # [N]
             # TB diagnostics, whatever the objective: δ = log Ẑ + log π_θ − log π_ref − r/β per sequence
-            log_z = vargrad_log_z(logp, ref, reward.to(logp.dtype), group, beta)
+            r = reward.to(logp.dtype)
+            log_z = vargrad_log_z(logp, ref, r, group, beta)
             log_zs.append(log_z)
-            residuals.append(log_z + logp - ref - reward.to(logp.dtype) / beta)
+            residuals.append(log_z + logp - ref - r / beta)
             loss.backward()
             loss_total += loss.item()
             tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
