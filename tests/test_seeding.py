@@ -3,6 +3,7 @@ same prompts in the same order as a process searcher of the same rank."""
 
 import copy
 
+import pytest
 import torch
 
 from tba.build import build_runtime
@@ -40,3 +41,38 @@ def test_inline_and_process_searchers_walk_the_same_prompts(tmp_path, tiny_model
                            reference=copy.deepcopy(tiny_model), sources=sources).searcher
     assert [p.id for p in inline.prompts] == [p.id for p in process.prompts]
     assert inline._order == process._order
+
+
+def test_rng_isolated_leaves_every_generator_where_it_was():
+    import random
+
+    import numpy as np
+
+    from tba.seeding import rng_isolated, seed_everything
+
+    seed_everything(5)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    seed_everything(5)
+    with rng_isolated():
+        random.random(), np.random.rand(3), torch.rand(7)  # what an SFT warm start consumes
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+@pytest.mark.slow
+def test_a_warm_start_trained_now_or_read_from_the_cache_gives_the_same_run(tmp_path):
+    """Training the SFT warm start in-process used to consume the global RNG the inline searcher samples
+    from: the same seed gave another run depending on whether the cache existed."""
+    import json
+    from pathlib import Path
+
+    from tba.cli import main
+
+    tiny = [str(Path(__file__).parent / "tiny.yaml"), "task.digits=1", "eval.every_steps=1000", "trainer.lr=1e-3",
+            "search.max_new_tokens=16", "runtime=inline", "mode=sync", "threads=1", "trainer.steps=5",
+            f"sft.cache_dir={tmp_path / 'cache'}"]
+    for name in ("fresh", "cached"):
+        assert main(["train", *tiny, f"output_dir={tmp_path / name}"]) == 0
+    rows = {name: [(m["trainer/grad_norm"], m["searcher/tokens"]) for m in
+                   map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())]
+            for name in ("fresh", "cached")}
+    assert rows["fresh"] == rows["cached"] and len(rows["fresh"]) == 5

@@ -98,9 +98,11 @@ def build_models(cfg: RunConfig, task, log=print):
     source = None
     if m.policy == "builtin":
         if cfg.sft.enabled:
+            from tba.seeding import rng_isolated
             from tba.sft import warm_start
 
-            source = str(warm_start(cfg, task, log=log))
+            with rng_isolated():  # trained now or read from the cache: the run after it is the same
+                source = str(warm_start(cfg, task, log=log))
             tokenizer, policy = load_tokenizer(source), load_model(source, m.dtype)
         else:
             tokenizer = train_tokenizer(task.corpus(), m.tiny.vocab_size)
