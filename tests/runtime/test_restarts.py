@@ -126,3 +126,46 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
     assert "restarting it (1/3 restarts used)" in err or "Ray restarts it (1/3 restarts used)" in err
     assert seen["delivered_again"]  # the replacement generates
     assert not child_processes() and not ray_processes()
+
+
+HUNG_TRAINER = """
+import sys, time
+from tba import loop
+loop.Loop.step = lambda self: time.sleep(3600)  # the trainer hangs after prefill: nobody drains the queue
+if __name__ == "__main__":
+    from tba.cli import main
+    main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_a_searcher_blocked_on_a_full_queue_exits_when_its_trainer_is_killed(tmp_path):
+    """The orphan check ran only between batches: a searcher retrying `put` on a full queue spun forever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hung_trainer.py"
+    script.write_text(HUNG_TRAINER)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(script), "train", *TINY, f"output_dir={out}",
+                             f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", "runtime=local", "mode=async"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # start-up, SFT (cached by the tests above), prefill
+            if "buffer prefilled" in line:
+                break
+        searchers = child_processes_of(proc.pid)
+        assert searchers, "no searcher process"
+        time.sleep(10)  # ≥ 16 batches: the queue (maxsize 16 per searcher) is full, the searcher retries put
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_stat(p) and _stat(p)[0] != "Z" for p in searchers):
+        time.sleep(0.2)
+    assert not any(_stat(p) and _stat(p)[0] != "Z" for p in searchers), f"searchers {searchers} outlived the trainer"
+
+
+def child_processes_of(pid: int) -> list[int]:
+    return [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if _parent(int(p)) == pid
+            and "multiprocessing.spawn" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]

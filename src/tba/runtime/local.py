@@ -72,7 +72,7 @@ def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, weights
                      "busy": busy, "alive_s": time.perf_counter() - t_start, "sync_s": sync_s,
                      "generate_s": searcher.generate_s, "loads": searcher.loads,
                      "state": worker_state(searcher), "reward_error": searcher.last_reward_error}
-            while not stop.is_set():
+            while not stop.is_set() and os.getppid() == parent_pid:  # a full queue whose trainer died: exit
                 try:
                     out_q.put(("groups", tag, (groups, stats)), timeout=0.5)
                     break
