@@ -1,11 +1,14 @@
-"""Soak: the default recipe trained for an hour; resident memory of every process sampled each minute.
+"""Soak: the default recipe trained for an hour; resident memory of every process and the durable buffer's
+size on disk sampled each minute.
 
     python bench/soak.py --minutes 60            # writes bench/results/soak.{md,json,png}
     python bench/soak.py --smoke                 # 1 minute, samples every 10 s (what CI runs)
 
 The run is `tba train` (embedded default recipe) with `trainer.steps` raised so it cannot finish first,
 in its own process; every `--interval` seconds the script reads VmRSS of the trainer and of each of its
-child processes from /proc, plus the run's last metrics line. At the end it sends Ctrl-C (the run writes
+child processes from /proc, the size of RUN_DIR/buffer.sqlite (with its WAL), plus the run's last metrics
+line. Pass config overrides after the options (e.g. `buffer.compact=false` for the store that keeps every
+sample). At the end it sends Ctrl-C (the run writes
 its exit checkpoint) and reports growth from the first sample (after start-up and prefill) to the last.
 """
 
@@ -46,6 +49,11 @@ def children(pid: int) -> list[int]:
     return kids
 
 
+def disk_mb(run: Path) -> float:
+    """Bytes of the durable buffer on disk (buffer.sqlite and its -wal/-shm files), in MB."""
+    return sum(f.stat().st_size for f in run.glob("buffer.sqlite*") if f.is_file()) / 2**20
+
+
 def last_metrics(run: Path) -> dict:
     try:
         lines = (run / "metrics.jsonl").read_text().splitlines()
@@ -83,7 +91,7 @@ def main() -> None:
         kids = children(proc.pid)
         row = {"minute": (time.monotonic() - t0) / 60, "trainer_mb": rss_mb(proc.pid),
                "children_mb": sum(rss_mb(k) for k in kids), "processes": 1 + len(kids), "step": m.get("step"),
-               "buffer_size": m.get("buffer/size"), "buffer_groups": m.get("buffer/groups")}
+               "buffer_size": m.get("buffer/size"), "buffer_groups": m.get("buffer/groups"), "disk_mb": disk_mb(run)}
         row["total_mb"] = row["trainer_mb"] + row["children_mb"]
         samples.append(row)
         print(json.dumps(row), flush=True)
@@ -96,22 +104,30 @@ def main() -> None:
     code = proc.wait(timeout=120)
     first, last = samples[0], samples[-1]
     growth = {k: (last[k] - first[k]) / first[k] for k in ("trainer_mb", "total_mb")}
+    hours = max(last["minute"] - first["minute"], 1e-9) / 60
+    groups = max((last["buffer_groups"] or 0) - (first["buffer_groups"] or 0), 1)
+    disk = {"mb_per_hour": (last["disk_mb"] - first["disk_mb"]) / hours,
+            "mb_per_1000_groups": 1000 * (last["disk_mb"] - first["disk_mb"]) / groups, "final_mb": last["disk_mb"]}
     peak = max(s["total_mb"] for s in samples)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"command": "python bench/soak.py " + " ".join(sys.argv[1:]), "train_command": " ".join(cmd),
               "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "exit_code_after_ctrl_c": code, "growth": growth, "peak_total_mb": peak, "samples": samples}
+              "overrides": args.overrides, "exit_code_after_ctrl_c": code, "growth": growth, "disk": disk,
+              "peak_total_mb": peak, "samples": samples}
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     _plot(samples, out.with_suffix(".png"))
     lines = [
-        "# Soak: the default recipe for an hour, memory sampled every minute", "",
+        f"# Soak: the default recipe for {args.minutes:g} minutes, memory and buffer size sampled every "
+        f"{args.interval:g} s", "",
         f"Command: `{result['command']}` (runs `{result['train_command']}`). Date {result['date']}, "
         f"{result['machine']}, no GPU.", "",
-        "| minute | trainer step | buffer samples in memory | groups accepted | trainer RSS MB | "
-        "searchers RSS MB | total MB |", "|---|---|---|---|---|---|---|",
-        *[f"| {s['minute']:.1f} | {s['step']} | {s['buffer_size']} | {s['buffer_groups']} | "
+        "| minute | trainer step | buffer samples in memory | groups accepted | buffer.sqlite MB | trainer RSS MB | "
+        "searchers RSS MB | total MB |", "|---|---|---|---|---|---|---|---|",
+        *[f"| {s['minute']:.1f} | {s['step']} | {s['buffer_size']} | {s['buffer_groups']} | {s['disk_mb']:.1f} | "
           f"{s['trainer_mb']:.0f} | {s['children_mb']:.0f} | {s['total_mb']:.0f} |" for s in samples], "",
+        f"Durable buffer: {disk['final_mb']:.1f} MB at the end; grew {disk['mb_per_hour']:.1f} MB per hour "
+        f"({disk['mb_per_1000_groups']:.2f} MB per 1000 groups accepted) from the first sample to the last.", "",
         f"RSS growth first → last sample: trainer {growth['trainer_mb']:+.1%}, all processes "
         f"{growth['total_mb']:+.1%} (peak {peak:.0f} MB). Ctrl-C at the end: exit code {code} "
         "(130 = interrupted, exit checkpoint written).", "", f"![RSS over time]({out.with_suffix('.png').name})",

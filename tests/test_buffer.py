@@ -146,3 +146,76 @@ def test_eviction_keeps_the_recency_windows_and_bounds_memory():
     # prompts 3 (previous window) and 4 (current) are protected; the oldest others went first
     assert list(buf.histories) == [2, 3, 4] and len(buf) == 6 and buf.evicted_prompts == 2
     assert buf.histories[2].items[0].ref_logprobs.typecode == "f"  # stored compactly as float32
+
+
+def _stored_samples(store) -> int:
+    return store.db.execute("SELECT count(*) FROM samples").fetchone()[0]
+
+
+@pytest.mark.parametrize("max_samples", [None, 20])
+def test_compaction_keeps_every_kept_checkpoint_exact_and_drops_the_rest(tmp_path, max_samples):
+    """A compacted store and a full log rebuild the same buffer at each kept checkpoint (the newest, and
+    the older one a damaged newest checkpoint falls back to); the compacted one holds far fewer samples."""
+    from tba.store import BufferStore
+
+    kw = dict(capacity_per_prompt=5, online_prob=0.7, offline_inverse_temperature=1.0, seed=3, max_samples=max_samples)
+    live = ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite"))
+    full = ReplayBuffer(**kw, store=BufferStore(tmp_path / "full.sqlite"))
+    states = []
+    for chunk in range(6):  # six checkpoints, two kept (checkpoint.keep = 2)
+        for buf in (live, full):
+            _feed(buf, 5, seed=chunk)
+            buf.snapshot()
+        states.append(live.state_dict())
+        assert full.state_dict() == states[-1]  # the two runs are identical so far
+        live.compact([s["groups_added"] for s in states[-2:]])
+    for buf in (live, full):
+        buf.extend([Group(11, [1, 2], [s([9, 9], 1.0, 40)])], step=40)  # accepted after the last checkpoint
+    accepted = full.store.num_groups()
+    assert live.store.num_groups() == accepted and live.store.stats()["groups"] == accepted
+    assert _stored_samples(live.store) < _stored_samples(full.store) / 2
+    for state in states[-2:]:
+        a = ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite"))
+        b = ReplayBuffer(**kw, store=BufferStore(tmp_path / "full.sqlite"))
+        assert a.restore(state) == b.restore(state) == accepted - state["groups_added"]
+        assert _snapshot(a) == _snapshot(b) and len(a) == len(b) and a.evicted_prompts == b.evicted_prompts
+        assert [(d.prompt_id, [x.response for x in d.samples]) for d in a.sample(4, 3)] == \
+            [(d.prompt_id, [x.response for x in d.samples]) for d in b.sample(4, 3)]
+    newest = ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite"))
+    newest.restore(states[-1])
+    assert _snapshot(newest) == _snapshot(live)  # the run's own buffer, group 11 included
+    with pytest.raises(RuntimeError, match="compacted and keeps no snapshot at or before group"):
+        ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite")).restore(states[0])
+
+
+def test_without_a_checkpoint_state_the_newest_snapshot_and_later_groups_are_loaded(tmp_path):
+    """What runtime=offline reads from a compacted source run: its final buffer, not the deleted history."""
+    from tba.store import BufferStore
+
+    live = ReplayBuffer(capacity_per_prompt=3, seed=1, store=BufferStore(tmp_path))
+    _feed(live, 8)
+    live.snapshot()
+    live.compact([live.groups_added])
+    live.extend([Group(2, [1, 2], [s([7, 7], 1.0, 9)])], step=9)
+    offline = ReplayBuffer(capacity_per_prompt=3, store=BufferStore(tmp_path, readonly=True))
+    assert offline.restore(None) == 1 and offline.groups_added == live.groups_added
+    assert _snapshot(offline) == _snapshot(live)
+
+
+def test_a_store_written_before_snapshots_existed_still_restores(tmp_path):
+    """Old runs: no snapshots or meta table, every group in the log; replay from the first group."""
+    import sqlite3
+
+    from tba.store import BufferStore
+
+    kw = dict(capacity_per_prompt=4, seed=2)
+    live = ReplayBuffer(**kw, store=BufferStore(tmp_path))
+    _feed(live, 6)
+    state = live.state_dict()
+    live.store.close()
+    db = sqlite3.connect(tmp_path / "buffer.sqlite")
+    db.executescript("DROP TABLE snapshots; DROP TABLE meta;")
+    db.close()
+    old = ReplayBuffer(**kw, store=BufferStore(tmp_path, readonly=True))
+    assert old.restore(state) == 0 and _snapshot(old) == _snapshot(live)
+    assert old.store.num_groups() == live.groups_added

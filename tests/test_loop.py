@@ -197,6 +197,27 @@ def test_resume_re_adds_the_groups_accepted_after_the_checkpoint(harness):
     assert run2.buffer.groups_added == all_groups  # everything on disk is back in memory
 
 
+def test_checkpoints_compact_the_store_and_a_resume_rebuilds_the_buffer_from_its_snapshot(harness, monkeypatch):
+    make, saved = harness  # the two newest checkpoints are kept, as with checkpoint.keep = 2
+    monkeypatch.setattr(loop_module.ckpt, "buffer_marks",
+                        lambda out: [s["buffer"]["groups_added"] for _, s in saved[-2:]])
+    run, _, _ = make(steps=24, every=4, extra=("buffer.max_samples=16",))
+    run.run()
+    run.close()
+    from tba.store import BufferStore
+
+    store = BufferStore(run.out, readonly=True)
+    accepted = store.num_groups() * 4  # every stub group has 4 samples
+    stored = store.db.execute("SELECT count(*) FROM samples").fetchone()[0]
+    # kept: the buffer as of the older kept checkpoint (step 20) and every group after it; nothing evicted before
+    assert run.buffer.evicted_prompts > 0 and len(run.buffer) <= stored < accepted / 2
+    live = {pid: [x.response for x in h.items] for pid, h in run.buffer.histories.items()}
+    final = saved[-1][1]
+    run2, _, _ = make(steps=24, every=4, state=RunState.from_checkpoint({**final, "step": 24}), resumed=True,
+                      extra=("buffer.max_samples=16",))
+    assert {pid: [x.response for x in h.items] for pid, h in run2.buffer.histories.items()} == live
+
+
 def test_run_state_round_trips_a_checkpoint(tmp_path):
     state = RunState(step=7, evals=[[0, {"score": 0.25}, 0.0], [5, {"score": 0.5, "kl": 0.1}, 3.5]],
                      rewards_seen=[0.1, 0.2], received=96, busy_s=2.5, train_s=4.0, wall_s=9.0, resumed_at=[3],

@@ -17,15 +17,18 @@ weight publication; right after a sync that set is still empty, so the previous 
 (the paper's trainer likewise keeps drawing from the prompts gathered at the last sync).
 
 Durability: with a `BufferStore`, `extend` writes the groups to disk before they enter memory, so a group
-the trainer may sample is always on disk; `restore` rebuilds the exact in-memory state from the store and
-a checkpoint's `state_dict` (sampling RNG, windows, pools) and then re-adds the groups accepted after that
-checkpoint. Memory: `max_samples` bounds the in-memory buffer by evicting the prompt that was refreshed
-longest ago (its data stays in the store) — without it a long run grows by every unique completion.
+the trainer may sample is always on disk. At a checkpoint, `snapshot` records the in-memory state in the
+store (references to stored samples) and, once the checkpoint is written, `compact` deletes the samples no
+kept checkpoint can draw again. `restore` rebuilds the exact in-memory state from the checkpoint's snapshot
+(or, for a store without one, by replaying every group), the checkpoint's `state_dict` (sampling RNG,
+windows, pools), and then re-adds the groups accepted after that checkpoint. Memory: `max_samples` bounds
+the in-memory buffer by evicting the prompt that was refreshed longest ago — without it a long run grows
+by every unique completion; an evicted prompt's samples leave the store at the next compaction.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 from array import array
 from dataclasses import dataclass, field
 
@@ -53,10 +56,18 @@ class Draw:
     online: bool
 
 
-def _compact(s: Sample) -> Sample:
+@dataclass
+class StoredSample(Sample):
+    """A buffered sample and where the store keeps it: group `seq`, position `idx` in that group."""
+
+    seq: int = 0
+    idx: int = 0
+
+
+def _compact(s: Sample, seq: int, idx: int) -> StoredSample:
     """Log-probs as float32 arrays (what they were computed in): ~8× less memory than lists of Python floats."""
-    return dataclasses.replace(s, ref_logprobs=array("f", s.ref_logprobs),
-                               behaviour_logprobs=array("f", s.behaviour_logprobs))
+    return StoredSample(s.response, array("f", s.ref_logprobs), s.reward, s.version,
+                        array("f", s.behaviour_logprobs), seq, idx)
 
 
 class ReplayBuffer:
@@ -83,24 +94,26 @@ class ReplayBuffer:
 
     def extend(self, groups: list[Group], step: int = 0) -> None:
         """Accept `groups`: persisted first (when there is a store), then added in memory."""
-        if self.store is not None:
-            self.store.append(groups, step)
-        for g in groups:
-            self.add(g)
+        groups = [g for g in groups if g.samples]  # (searchers never send empty ones: seq = groups_added)
+        first = self.store.append(groups, step) if self.store is not None else self.groups_added + 1
+        for seq, g in enumerate(groups, first):
+            self.add(g, seq)
 
     @property
     def num_prompts(self) -> int:
         return len(self.histories)
 
-    def add(self, group: Group) -> int:
-        """Insert one searcher group; returns how many unique responses it contributed."""
+    def add(self, group: Group, seq: int | None = None) -> int:
+        """Insert one searcher group (`seq`: its place in the store); returns how many unique responses it
+        contributed."""
         if not group.samples:
             return 0
+        seq = self.groups_added + 1 if seq is None else seq
         h = self.histories.pop(group.prompt_id, None) or PromptHistory(list(group.prompt_tokens))
         self.histories[group.prompt_id] = h  # dict order = refresh order, least recently refreshed first
         self._size -= len(h.items)
         incoming: dict[tuple[int, ...], Sample] = {}
-        for s in map(_compact, group.samples):  # later samples of the same group win too
+        for s in (_compact(s, seq, i) for i, s in enumerate(group.samples)):  # later samples of the group win too
             key = tuple(s.response) if self.dedup else (id(s),)
             incoming.pop(key, None)
             incoming[key] = s
@@ -141,34 +154,69 @@ class ReplayBuffer:
                 "online_used": sorted(self._online_used), "offline_used": sorted(self._offline_used),
                 "evicted_prompts": self.evicted_prompts}
 
+    def snapshot(self) -> None:
+        """Record the in-memory buffer in the store, as of `groups_added` (before the checkpoint naming it)."""
+        if self.store is None:
+            return
+        state = {"prompts": [[pid, h.latest_version, h.n_online, len(h.items)] for pid, h in self.histories.items()],
+                 "refreshed": list(self._refreshed), "previous_window": list(self._previous_window),
+                 "evicted_prompts": self.evicted_prompts}
+        refs = [(s.seq, s.idx) for h in self.histories.values() for s in h.items]
+        self.store.save_snapshot(self.groups_added, state, refs)
+
+    def compact(self, keep: list[int]) -> int:
+        """Delete from the store what the snapshots at `keep` (the kept checkpoints) cannot draw again."""
+        return self.store.compact(keep) if self.store is not None else 0
+
     def restore(self, state: dict | None) -> int:
-        """Rebuild from the store: groups up to the checkpoint, its sampling state, then the later groups.
+        """Rebuild from the store: the snapshot at (or replay up to) the checkpoint, its sampling state, then
+        the later groups. Without a checkpoint state: the newest snapshot and every group after it.
 
         Returns the number of groups re-added after the checkpoint (accepted, but not yet trained on).
         """
-        upto = state["groups_added"] if state else 0
-        syncs = self.store.sync_points()  # windows shape eviction: replay them where they happened
-        pending = iter(syncs)
-        nxt = next(pending, None)
-        for seq, _, g in self.store.iter_groups(0, upto):
-            self.add(g)
-            while nxt is not None and nxt <= seq:
+        upto = state["groups_added"] if state else None
+        snap = self.store.snapshot(upto)
+        if snap is not None:
+            self._load(snap)
+        elif (self.store.first_seq() or 1) != 1:
+            raise RuntimeError(f"buffer store {self.store.path} was compacted and keeps no snapshot at or before "
+                               f"group {upto}: it cannot rebuild this checkpoint's buffer (a checkpoint of another "
+                               "run, or one restored from elsewhere?)")
+        if state:
+            pending = iter(self.store.sync_points(snap.sync_rowid if snap else 0))
+            nxt = next(pending, None)  # windows shape eviction: replay them where they happened
+            while nxt is not None and nxt <= self.groups_added:
                 self._new_window()
                 nxt = next(pending, None)
-        if self.groups_added != upto:
-            raise RuntimeError(f"buffer store {self.store.path} holds {self.groups_added} groups, the checkpoint "
-                               f"expects {upto}: it belongs to another run")
-        if state:
+            for seq, _, g in self.store.iter_groups(self.groups_added, upto):
+                self.add(g, seq)
+                while nxt is not None and nxt <= seq:
+                    self._new_window()
+                    nxt = next(pending, None)
+            if self.groups_added != upto:
+                raise RuntimeError(f"buffer store {self.store.path} holds {self.groups_added} groups, the "
+                                   f"checkpoint expects {upto}: it belongs to another run")
             self.rng.bit_generator.state = state["rng"]
             self._refreshed = dict.fromkeys(state["refreshed"])
             self._previous_window = dict.fromkeys(state["previous_window"])
             self._online_used, self._offline_used = set(state["online_used"]), set(state["offline_used"])
             self.evicted_prompts = state["evicted_prompts"]
         later = 0
-        for _, _, g in self.store.iter_groups(upto):
-            self.add(g)
+        for seq, _, g in self.store.iter_groups(self.groups_added):
+            self.add(g, seq)
             later += 1
         return later
+
+    def _load(self, snap) -> None:
+        """The in-memory buffer exactly as `snapshot` recorded it."""
+        samples, tokens, refs = self.store.load_samples(snap.refs), self.store.prompt_tokens(), iter(snap.refs)
+        self.histories = {pid: PromptHistory(tokens[pid], [_compact(samples[r], *r) for r in itertools.islice(refs, n)],
+                                             latest, n_online)
+                          for pid, latest, n_online, n in snap.state["prompts"]}
+        self._size, self.groups_added = len(snap.refs), snap.upto
+        self._refreshed = dict.fromkeys(snap.state["refreshed"])
+        self._previous_window = dict.fromkeys(snap.state["previous_window"])
+        self.evicted_prompts = snap.state["evicted_prompts"]
 
     def mark_sync(self, step: int = 0) -> None:
         """Called when the trainer publishes new weights: a new recency window starts."""

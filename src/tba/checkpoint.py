@@ -197,6 +197,20 @@ def latest(run_dir: Path, log: Callable[[str], None] | None = None) -> Path | No
     return None
 
 
+def buffer_marks(run_dir: Path) -> list[int]:
+    """The replay-buffer position (groups accepted) of every complete checkpoint on disk: the positions
+    buffer compaction must keep restorable. A checkpoint whose state cannot be read could not resume anyway."""
+    marks = []
+    for path in (Path(run_dir) / "checkpoints").glob("step_*"):
+        try:
+            state = json.loads((path / STATE).read_text()) if not path.name.endswith(".tmp") else {}
+        except (OSError, ValueError):
+            continue
+        if state.get("complete") and "buffer" in state:
+            marks.append(state["buffer"]["groups_added"])
+    return marks
+
+
 def _complete(path: Path) -> bool:
     try:
         return json.loads((path / STATE).read_text()).get("complete", False) and (path / TENSORS).is_file()

@@ -242,12 +242,16 @@ class Loop:
         restarts, dropped = self.counters(report)
         state = dataclasses.replace(self.state, train_s=self.train_s(), wall_s=self.wall_s(), restarts=restarts,
                                     rewards_dropped=dropped)
+        if self.cfg.buffer.compact:
+            self.buffer.snapshot()  # on disk before the checkpoint that names it
         ckpt.save(self.out, step=self.state.step, policy=self.policy, tokenizer=self.tokenizer,
                   optimizer=self.trainer.optimizer, reference=self.trainer.reference, keep=self.cfg.checkpoint.keep,
                   state={**state.to_checkpoint(), "version": self.trainer.version,
                          "skipped_steps": self.trainer.skipped_steps, "buffer": self.buffer.state_dict(),
                          "searchers": report.states})
         self.last_ckpt = self.state.step
+        if self.cfg.buffer.compact:  # what no kept checkpoint can draw again leaves buffer.sqlite
+            self.buffer.compact(ckpt.buffer_marks(self.out))
 
     def summary(self) -> dict:
         report = self.runtime.report()

@@ -185,6 +185,10 @@ class BufferConfig:
     None = unbounded."""
     persist: bool = True
     """Write every accepted group to RUN_DIR/buffer.sqlite before training on it (needed for --resume)."""
+    compact: bool = True
+    """At each checkpoint, delete from buffer.sqlite the samples no kept checkpoint can draw again (evicted
+    prompts, replaced duplicates, items past capacity): the file stays about the size of the in-memory
+    buffer. False = keep every sample ever accepted (a complete log, ≈ 300 MB per hour of the default)."""
     source: str | None = None
     """runtime=offline: the run directory (or buffer.sqlite) whose saved buffer is trained on."""
 
