@@ -62,7 +62,10 @@ def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, weights
         t_start, busy, sync_s = time.perf_counter(), 0.0, 0.0
         while not stop.is_set():
             if os.getppid() != parent_pid:
-                return  # orphaned: the trainer is gone
+                # orphaned: the trainer is gone. Batches already handed to the queue's feeder thread can never
+                # be read; without this, exit would wait on that thread (blocked on a full pipe) forever.
+                out_q.cancel_join_thread()
+                return
             if request is not None and not request.acquire(timeout=0.2):
                 continue  # sync mode: wait to be asked
             sync_s += receiver.poll(searcher)
