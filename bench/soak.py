@@ -3,6 +3,8 @@ size on disk sampled each minute.
 
     python bench/soak.py --minutes 60            # writes bench/results/soak.{md,json,png}
     python bench/soak.py --smoke                 # 1 minute, samples every 10 s (what CI runs)
+    python bench/soak.py --compare BEFORE.json AFTER.json --out bench/results/buffer_disk
+                                                 # disk growth of two soaks side by side (same minutes)
 
 The run is `tba train` (embedded default recipe) with `trainer.steps` raised so it cannot finish first,
 in its own process; every `--interval` seconds the script reads VmRSS of the trainer and of each of its
@@ -68,8 +70,11 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=60)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "soak"))
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"))
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.compare:
+        return compare(*map(Path, args.compare), Path(args.out))
     if args.smoke:  # tiny warm start so that CI does not spend minutes on SFT
         args.minutes, args.interval = 0.5, 10.0
         args.out = str(Path(tempfile.mkdtemp()) / "soak")
@@ -131,6 +136,61 @@ def main() -> None:
         f"RSS growth first → last sample: trainer {growth['trainer_mb']:+.1%}, all processes "
         f"{growth['total_mb']:+.1%} (peak {peak:.0f} MB). Ctrl-C at the end: exit code {code} "
         "(130 = interrupted, exit checkpoint written).", "", f"![RSS over time]({out.with_suffix('.png').name})",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _growth(samples: list[dict], since_minute: float) -> tuple[float, float]:
+    """(MB per hour, MB per 1000 groups accepted) of buffer.sqlite between `since_minute` and the last sample."""
+    first = next(s for s in samples if s["minute"] >= since_minute - 1e-6)
+    last = samples[-1]
+    mb = last["disk_mb"] - first["disk_mb"]
+    return mb / max((last["minute"] - first["minute"]) / 60, 1e-9), 1000 * mb / max(
+        last["buffer_groups"] - first["buffer_groups"], 1)
+
+
+def _at_groups(samples: list[dict], groups: int) -> float:
+    """buffer.sqlite MB when the run had accepted `groups` groups (linear between the two samples around it)."""
+    for a, b in zip(samples, samples[1:], strict=False):
+        if a["buffer_groups"] <= groups <= b["buffer_groups"]:
+            f = (groups - a["buffer_groups"]) / max(b["buffer_groups"] - a["buffer_groups"], 1)
+            return a["disk_mb"] + f * (b["disk_mb"] - a["disk_mb"])
+    return samples[-1]["disk_mb"]
+
+
+def compare(before_json: Path, after_json: Path, out: Path) -> None:
+    """Disk growth of two soaks (e.g. a store that keeps everything vs the compacted one), over the minutes
+    both ran: the whole window and its second half (after the in-memory buffer's fast first fill)."""
+    runs = {"before": json.loads(before_json.read_text()), "after": json.loads(after_json.read_text())}
+    minutes = min(r["samples"][-1]["minute"] for r in runs.values())
+    for r in runs.values():
+        r["samples"] = [s for s in r["samples"] if s["minute"] <= minutes + 1e-6]
+    rows, table = {}, []
+    for name, r in runs.items():
+        whole, second_half = _growth(r["samples"], 0), _growth(r["samples"], minutes / 2)
+        last = r["samples"][-1]
+        rows[name] = (whole, second_half)
+        table.append(f"| {name} | `{r['command']}` | {r['date']} | {last['step']} | {last['buffer_groups']} | "
+                     f"{last['buffer_size']} | {last['disk_mb']:.1f} | {whole[0]:.1f} | {second_half[0]:.1f} | "
+                     f"{whole[1]:.2f} |")
+    ratio = [rows["before"][i][0] / max(rows["after"][i][0], 1e-9) for i in (0, 1)]
+    groups = min(r["samples"][-1]["buffer_groups"] for r in runs.values())  # throughput differs between runs:
+    at = {name: _at_groups(r["samples"], groups) for name, r in runs.items()}  # compare at equal work too
+    lines = [
+        f"# Durable buffer on disk: two soaks of the default recipe, {minutes:.0f} minutes each", "",
+        f"Command: `python bench/soak.py --compare {before_json.name} {after_json.name}`; machine "
+        f"{runs['after']['machine']}, no GPU. Size = buffer.sqlite + its -wal/-shm files, sampled every minute.", "",
+        "| soak | command | date | trainer steps | groups accepted | samples in memory | buffer.sqlite MB at the end "
+        "| MB per hour (whole run) | MB per hour (second half) | MB per 1000 groups (whole run) |",
+        "|---|---|---|---|---|---|---|---|---|---|", *table, "",
+        f"Disk growth per hour, before ÷ after: **{ratio[0]:.1f}×** over the whole run, **{ratio[1]:.1f}×** over "
+        f"its second half. At the same work — {groups} groups accepted, whichever run got there — "
+        f"before {at['before']:.1f} MB, after {at['after']:.1f} MB (**{at['before'] / max(at['after'], 1e-9):.1f}×**).",
+        "",
+        "| minute | before: groups | before: MB | after: groups | after: MB |", "|---|---|---|---|---|",
+        *[f"| {a['minute']:.0f} | {a['buffer_groups']} | {a['disk_mb']:.1f} | {b['buffer_groups']} | "
+          f"{b['disk_mb']:.1f} |" for a, b in zip(runs["before"]["samples"], runs["after"]["samples"], strict=False)],
     ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

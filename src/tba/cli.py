@@ -18,7 +18,7 @@ USAGE = """tba train [CONFIG.yaml] [key.sub=value ...] [--overwrite]   run TBA (
 tba train --resume RUN_DIR [key.sub=value ...]            continue a run from its last complete checkpoint
 tba sft   [CONFIG.yaml] [key.sub=value ...]               build (or reuse) the cached SFT warm start
 tba buffer stats RUN_DIR                                  what a run's durable replay buffer holds
-tba buffer dump RUN_DIR [--limit N]                       its groups as JSON lines (decoded if possible)
+tba buffer dump RUN_DIR [--limit N]                       its stored groups as JSON lines (decoded if possible)
 tba export RUN_DIR OUT_DIR                                the run's policy as a servable model (LoRA merged)
 tba report RUN_DIR [RUN_DIR ...] [--out DIR]              figures + one self-contained report.html (runs overlaid)"""
 

@@ -115,3 +115,20 @@ def test_backends_recipe_bench_smoke(tmp_path, monkeypatch):
                                   str(results), f"sft.cache_dir={tmp_path / 'sft'}"], monkeypatch)
     (row,) = rows_of(results)
     assert row["backend"] == "hf" and row["steps"] == 3 and row["sampler_tokens_per_s"] > 0
+
+
+def test_soak_compare_reports_growth_per_hour_and_at_equal_groups(tmp_path, monkeypatch, capsys):
+    def soak(mb_per_minute: float, groups_per_minute: int) -> dict:
+        samples = [{"minute": m, "step": 10 * m, "buffer_size": 100 * m, "buffer_groups": groups_per_minute * m,
+                    "disk_mb": 1.0 + mb_per_minute * m} for m in range(11)]
+        return {"command": "soak", "date": "today", "machine": "test box", "samples": samples}
+
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(json.dumps(soak(4.0, 1000)))  # 240 MB/h, 4 MB per 1000 groups
+    after.write_text(json.dumps(soak(0.5, 500)))  # 30 MB/h, 1 MB per 1000 groups: half the groups per minute
+    run_bench("soak", ["--compare", str(before), str(after), "--out", str(tmp_path / "cmp")], monkeypatch)
+    text = (tmp_path / "cmp.md").read_text()
+    assert "| before | `soak` | today | 100 | 10000 | 1000 | 41.0 | 240.0 | 240.0 | 4.00 |" in text
+    assert "| after | `soak` | today | 100 | 5000 | 1000 | 6.0 | 30.0 | 30.0 | 1.00 |" in text
+    assert "**8.0×** over the whole run, **8.0×** over its second half" in text
+    assert "5000 groups accepted, whichever run got there — before 21.0 MB, after 6.0 MB (**3.5×**)" in text
