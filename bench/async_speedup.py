@@ -1,6 +1,7 @@
 """Async vs sync on this machine: wall-clock to a fixed held-out accuracy, busy fractions, samples/s.
 
-Same recipe (the embedded default), same seeds, same SFT warm start; only the runtime and mode change:
+Same recipe (the embedded default, or `--config arith_hard_cpu`), same seeds, same SFT warm start; only the
+runtime and mode change:
 
   async-local   the default: 1 searcher process + trainer, concurrent, shared-memory weights
   async-ray     the same on a private local Ray (runtime overhead vs local)
@@ -48,15 +49,23 @@ def time_to(evals: list, target: float) -> float | None:
     return None
 
 
+def score_at(evals: list, seconds: float) -> tuple[float, int]:
+    """(accuracy, step) of the last evaluation taken within `seconds` of training clock: what that run had
+    reached by then (a step function — it never credits an evaluation that came later)."""
+    step, acc = max(((st, a) for st, a, sec in evals if sec <= seconds), default=(evals[0][0], evals[0][1]))
+    return acc, step
+
+
 def run(variant: str, seed: int, args) -> dict:
-    cfg = load_config(None, [f"seed={seed}", f"output_dir={args.out / f'{variant}-seed{seed}'}",
+    cfg = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'{variant}-seed{seed}'}",
                              "logging.progress=false", f"eval.every_steps={args.eval_every}",
                              *VARIANTS[variant], *args.overrides])
     s = train(cfg, log=lambda m: None, overwrite=True)
     row = {"variant": variant, "seed": seed, "final_acc": s["score_end"],
            "time_to_target_s": time_to(s["evals"], args.target), "train_s": s["train_wall_clock_s"],
            "total_s": s["wall_clock_s"], "trainer_busy": s["trainer_busy_fraction"],
-           "samples_per_s": s["samples_received"] / s["train_wall_clock_s"], "steps": s["trainer_steps"]}
+           "samples_per_s": s["samples_received"] / s["train_wall_clock_s"], "steps": s["trainer_steps"],
+           "samples": s["samples_received"], "evals": s["evals"]}
     metrics = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     row["staleness_mean"] = statistics.mean(m["staleness/mean"] for m in metrics)
     busy = [m["searcher/busy_fraction"] for m in metrics if "searcher/busy_fraction" in m]
@@ -70,7 +79,7 @@ def fmt(x, spec):
 
 
 def table(rows: list[dict], target: float) -> str:
-    out = [f"| variant | seed | time to {target:.0%} (s) | final acc | train s (200 steps) | total s | "
+    out = [f"| variant | seed | time to {target:.0%} (s) | final acc | train s ({rows[0]['steps']} steps) | total s | "
            "trainer busy | searcher busy | samples/s | staleness mean |", "|---" * 10 + "|"]
     for r in rows:
         out.append(f"| {r['variant']} | {r['seed']} | {fmt(r['time_to_target_s'], '.0f')} | {r['final_acc']:.1%} | "
@@ -90,8 +99,31 @@ def speedups(rows: list[dict], key: str, base: str, fast: str) -> list[float]:
     return out
 
 
+def equal_clock(rows: list[dict], fast: str = "async-local", base: str = "sync-inline") -> list[str]:
+    """Accuracy at equal training wall-clock: the async run's final score against the sync run's score at
+    the async run's end (sync has done fewer updates by then), per seed."""
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    diffs, lines = [], []
+    for seed in sorted({r["seed"] for r in rows}):
+        f, b = by.get((fast, seed)), by.get((base, seed))
+        if not (f and b):
+            continue
+        acc, step = score_at(b["evals"], f["train_s"])
+        diffs.append((f["final_acc"] - acc) * 100)
+        lines.append(f"- seed {seed}, at {fast}'s {f['train_s']:.0f} s of training: {fast} {f['final_acc']:.1%} "
+                     f"(update {f['steps']}, {f['samples']} samples generated) vs {base} {acc:.1%} (update {step}); "
+                     f"{fast} after all its updates vs {base} after all its updates: {f['final_acc']:.1%} vs "
+                     f"{b['final_acc']:.1%}")
+    if diffs:
+        lines.append(f"- {fast} − {base} at equal training wall-clock (points): "
+                     f"{', '.join(f'{d:+.1f}' for d in diffs)} (median {statistics.median(diffs):+.1f}, "
+                     f"worst {min(diffs):+.1f})")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=None, help="recipe (path or packaged name); default: the embedded default")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--target", type=float, default=0.7)
     ap.add_argument("--eval-every", type=int, default=10)
@@ -113,8 +145,9 @@ def main() -> None:
                          f"{', '.join(f'{x:.2f}×' for x in tt)} (median {statistics.median(tt):.2f}×)")
         st = speedups(rows, "train_s", base, "async-local")
         if st:
-            lines.append(f"- async-local vs {base}, wall-clock for the same 200 steps: "
+            lines.append(f"- async-local vs {base}, wall-clock for the same {rows[0]['steps']} steps: "
                          f"{', '.join(f'{x:.2f}×' for x in st)} (median {statistics.median(st):.2f}×)")
+    lines += equal_clock(rows)
     ov = speedups(rows, "train_s", "async-ray", "async-local")
     if ov:
         lines.append(f"- Ray runtime overhead (async-ray train s / async-local train s): "

@@ -82,7 +82,8 @@ class ModelConfig:
 class SFTConfig:
     enabled: bool = True
     """Run the SFT warm start before RL when the policy is `builtin` (cached; see `cache_dir`)."""
-    steps: int = 1000
+    steps: int = 1500
+    """1500 plateaus the default task's warm start on every seed tried; 1000 left one in five mid-curve."""
     lr: float = 3e-3
     batch_size: int = 64
     warmup_steps: int = 50
@@ -223,7 +224,7 @@ class BaselineConfig:
 class TrainerConfig:
     steps: int = 200
     """U: total trainer (optimizer) steps."""
-    lr: float = 5e-5
+    lr: float = 2e-5
     lr_schedule: str = "constant"
     """constant | linear (to 0 at the last step) | wsd (warmup, stable, cosine decay)."""
     warmup_steps: int = 0

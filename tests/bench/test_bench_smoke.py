@@ -40,7 +40,8 @@ def test_async_speedup_bench_smoke(tmp_path, monkeypatch):
                                 "--out", str(tmp_path / "out"), "--results", str(results)], monkeypatch)
     variants = {r["variant"] for r in rows_of(results)}
     assert {"async-local", "sync-inline", "sync-local"} <= variants
-    assert "wall-clock for the same 200 steps" in results.read_text()
+    assert "wall-clock for the same 6 steps" in results.read_text()  # smoke: trainer.steps=6
+    assert "at equal training wall-clock" in results.read_text()
 
 
 @pytest.mark.slow
@@ -132,3 +133,9 @@ def test_soak_compare_reports_growth_per_hour_and_at_equal_groups(tmp_path, monk
     assert "| after | `soak` | today | 100 | 5000 | 1000 | 6.0 | 30.0 | 30.0 | 1.00 |" in text
     assert "**8.0×** over the whole run, **8.0×** over its second half" in text
     assert "5000 groups accepted, whichever run got there — before 21.0 MB, after 6.0 MB (**3.5×**)" in text
+
+
+def test_async_speedup_score_at_never_credits_a_later_evaluation():
+    from async_speedup import score_at
+    evals = [(0, 0.3, 0.0), (10, 0.5, 5.0), (20, 0.9, 12.0)]
+    assert score_at(evals, 11.9) == (0.5, 10) and score_at(evals, 12.0) == (0.9, 20) and score_at(evals, 0) == (0.3, 0)
