@@ -1,8 +1,10 @@
 """Off-policy robustness: final held-out accuracy of each objective as data gets staler.
 
-Same recipe (the embedded default, shortened), same searchers and buffer; only the objective, the sync
-period k (searchers generate with weights up to k−1 updates old) and the recency probability m (1−m of the
-prompt slots come from the whole history, as stale as the run) change.
+Same recipe (the embedded default, or `--config arith_hard_cpu`), same searchers and buffer; only the
+objective, the sync period k (searchers generate with weights up to k−1 updates old) and the recency
+probability m (1−m of the prompt slots come from the whole history, as stale as the run) change. Each row
+also keeps per-quarter medians of gradient norm, TB residual std, log Ẑ, log π/π_ref and sampled reward, to
+see what a collapse looks like from the inside.
 
     python bench/offpolicy.py --seeds 0 1 2 --ks 1 4 16 --ms 0.95 0.5 [--workers 2] [key=value ...]
 
@@ -38,16 +40,30 @@ def run_one(job: dict) -> dict:
     from tba.loop import train
 
     torch.set_num_threads(1)
-    cfg = load_config(None, [f"seed={job['seed']}", f"objective={job['objective']}",
-                             f"trainer.sync_every_steps={job['k']}", f"buffer.online_prob={job['m']}",
-                             f"output_dir={job['out']}", "runtime=inline", "mode=sync", "threads=1",
-                             "search.threads=1", "logging.progress=false", "logging.tensorboard=false",
-                             *job["overrides"]])
+    cfg = load_config(job["config"], [f"seed={job['seed']}", f"objective={job['objective']}",
+                                      f"trainer.sync_every_steps={job['k']}", f"buffer.online_prob={job['m']}",
+                                      f"output_dir={job['out']}", "runtime=inline", "mode=sync", "threads=1",
+                                      "search.threads=1", "logging.progress=false", "logging.tensorboard=false",
+                                      *job["overrides"]])
     s = train(cfg, log=lambda m: None, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     return {**{k: job[k] for k in ("objective", "k", "m", "seed")}, "start": s["score_start"],
             "final": s["score_end"], "staleness_mean": statistics.mean(x["staleness/mean"] for x in metrics),
-            "train_s": s["train_wall_clock_s"]}
+            "train_s": s["train_wall_clock_s"], "evals": s["evals"], **diagnostics(metrics)}
+
+
+def diagnostics(metrics: list[dict]) -> dict:
+    """What a collapse looks like from the inside: gradient norms, TB residuals, log Ẑ and the policy's
+    drift from the reference, summarised per quarter of the run (so a late blow-up is not averaged away)."""
+    out = {}
+    for key, name in (("trainer/grad_norm", "grad_norm"), ("trainer/residual_std", "residual_std"),
+                      ("trainer/log_z_mean", "log_z"), ("trainer/log_ratio_mean", "log_ratio"),
+                      ("searcher/reward_mean", "sampled_reward")):
+        vals = [m[key] for m in metrics if m.get(key) is not None]
+        if vals:
+            q = max(1, len(vals) // 4)
+            out[name] = [round(statistics.median(vals[i:i + q]), 3) for i in range(0, q * 4, q)]
+    return out
 
 
 def summarise(rows: list[dict], ks, ms) -> str:
@@ -101,6 +117,7 @@ def plot(rows: list[dict], ks, ms, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=None, help="recipe (path or packaged name); default: the embedded default")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--ms", type=float, nargs="+", default=[0.95, 0.5])
@@ -113,7 +130,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
-    jobs = [{"objective": o, "k": k, "m": m, "seed": s, "overrides": args.overrides,
+    jobs = [{"objective": o, "k": k, "m": m, "seed": s, "overrides": args.overrides, "config": args.config,
              "out": str(args.out / f"{o}-k{k}-m{m}-s{s}")}
             for s in args.seeds for m in args.ms for k in args.ks for o in args.objectives]
     rows = []

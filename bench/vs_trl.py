@@ -12,6 +12,10 @@ Prompt text is the bare `a+b=`; both tokenize it with the same tokenizer call, w
 
     python bench/vs_trl.py --seeds 0 1 --budget-s 60 --target 0.6 --eval-every 10 [key=value ...]
     python bench/vs_trl.py --smoke          # seconds: shrunken task, 10-step SFT, 10 tba steps, TRL 1 thread
+    python bench/vs_trl.py --config arith_hard_cpu --tba-sync --seeds 0 1 2 --budget-s 150 --target 0.6
+
+--config picks the recipe (default: the embedded default); --tba-sync adds tba's strongest synchronous
+baseline (runtime=inline mode=sync: one process, generation and training alternate) on the same warm start.
 
 key=value overrides go to the tba config and, through it, to TRL (B, K, lr, T, lengths, task, SFT);
 model.policy=<dir> (a save_pretrained directory) replaces the SFT warm start for both systems.
@@ -40,7 +44,8 @@ Known unfairness (not tuned away; report as measured):
   oversubscribe and a TRL step measured 13-16 s instead of 0.5 s (1 thread), which would flatter tba hugely.
 - Prompt draws: TRL walks a shuffled dataset; tba's searcher sweeps its shard and the buffer samples
   recent groups. TRL generates on-policy each step; tba trains on slightly stale samples (async).
-Writes bench/results/vs_trl.md (date, machine, command, table, raw JSON).
+Writes bench/results/vs_trl.md (date, machine, command, table, raw JSON) and vs_trl.png (accuracy vs
+wall-clock per system: median over seeds and each seed); --replot FILE.md redraws the figure only.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,7 +84,7 @@ def time_to(evals: list, target: float, budget: float) -> float | None:
 
 
 def run_tba(cfg, args, seed: int) -> dict:
-    s = train(cfg, log=lambda m: print(f"[tba seed {seed}] {m}", flush=True), overwrite=True)
+    s = train(cfg, log=lambda m: print(f"[tba {cfg.mode} seed {seed}] {m}", flush=True), overwrite=True)
     if s["train_wall_clock_s"] < args.budget_s:
         print(f"WARNING: tba finished {s['trainer_steps']} steps in {s['train_wall_clock_s']:.0f} s < budget "
               f"{args.budget_s:.0f} s; raise --tba-steps for a full-budget comparison", flush=True)
@@ -195,11 +201,54 @@ def report(rows: list[dict], args) -> str:
     for seed in args.seeds:
         out.append(f"- seed {seed}: TRL time-to-{args.target:.0%} / tba time-to-{args.target:.0%} = "
                    f"{ratio(by[('trl-grpo', seed)], by[('tba', seed)], args.budget_s)}")
+        if ("tba-sync", seed) in by:
+            out.append(f"- seed {seed}: tba-sync time-to-{args.target:.0%} / tba (async) time-to-{args.target:.0%} = "
+                       f"{ratio(by[('tba-sync', seed)], by[('tba', seed)], args.budget_s).replace('TRL', 'sync')}")
+    for system in dict.fromkeys(r["system"] for r in rows):
+        accs = sorted(r["acc_at_budget"] for r in rows if r["system"] == system)
+        times = sorted(r["time_to_target_s"] for r in rows if r["system"] == system and r["time_to_target_s"])
+        out.append(f"- {system}: accuracy at {args.budget_s:.0f} s median {statistics.median(accs):.1%} "
+                   f"(range {accs[0]:.1%}–{accs[-1]:.1%}); time to {args.target:.0%} median "
+                   f"{fmt(statistics.median(times) if times else None, '.1f')} s over the "
+                   f"{len(times)}/{len(accs)} seeds that reached it")
     return "\n".join(out)
+
+
+def score_at(evals: list, seconds: float) -> float:
+    """Accuracy of the last evaluation at or before `seconds` of training clock (never a later one)."""
+    return max(((e[2], e[1]) for e in evals if e[2] <= seconds), default=(0.0, evals[0][1]))[1]
+
+
+def plot(rows: list[dict], path: Path, budget: float, target: float) -> None:
+    """Held-out accuracy vs training wall-clock per system: the median over seeds (bold) and each seed (thin),
+    which shows a bimodal outcome — some seeds learn, some do not — that a min-max band would hide."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = [budget * i / 200 for i in range(201)]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for system in dict.fromkeys(r["system"] for r in rows):
+        runs = [r["evals"] for r in rows if r["system"] == system]
+        curves = [[score_at(ev, t) for ev in runs] for t in grid]
+        (line,) = ax.plot(grid, [statistics.median(c) for c in curves], linewidth=2.2,
+                          label=f"{system} (median of {len(runs)}; thin: each seed)")
+        for i in range(len(runs)):
+            ax.plot(grid, [c[i] for c in curves], color=line.get_color(), linewidth=0.8, alpha=0.45)
+    ax.axhline(target, color="grey", linestyle=":", linewidth=1)
+    ax.set(xlabel="training wall-clock (s, evaluation excluded)", ylabel="held-out greedy pass@1", ylim=(0, 1))
+    ax.legend(loc="center right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=None, help="recipe (path or packaged name); default: the embedded default")
+    ap.add_argument("--tba-sync", action="store_true", help="also run tba sync (runtime=inline mode=sync)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--target", type=float, default=0.6)
     ap.add_argument("--budget-s", type=float, default=None, help="default 60 (--smoke: 10)")
@@ -211,7 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=None,
                     help="default bench/results/vs_trl.md (--smoke: bench/_out/vs_trl/smoke.md)")
     ap.add_argument("overrides", nargs="*", help="tba config overrides key=value (also shape TRL's settings)")
+    ap.add_argument("--replot", type=Path, default=None, help="only redraw the figure of an existing results file")
     args = ap.parse_args(argv)
+    if args.replot:
+        text = args.replot.read_text()
+        rows = json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
+        plot(rows, args.replot.with_suffix(".png"), args.budget_s or max(r["train_s"] for r in rows), args.target)
+        return 0
     args.budget_s = args.budget_s or (10.0 if args.smoke else 60.0)
     args.eval_every = args.eval_every or (5 if args.smoke else 10)
     args.trl_threads = args.trl_threads or (1 if args.smoke else os.cpu_count() or 1)
@@ -221,12 +276,17 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"trainer.steps={args.tba_steps}")
     rows = []
     for seed in args.seeds:
-        cfg = load_config(None, [f"seed={seed}", f"output_dir={args.out / f'tba-seed{seed}'}",
-                                 "logging.progress=false", f"eval.every_steps={args.eval_every}", *overrides])
+        cfg = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-seed{seed}'}",
+                                        "logging.progress=false", f"eval.every_steps={args.eval_every}", *overrides])
         task = build_task(cfg)
         sft_dir = (Path(cfg.model.policy) if cfg.model.policy != "builtin"  # a given checkpoint: used as is
                    else warm_start(cfg, task, log=lambda m, s=seed: print(f"[sft seed {s}] {m}", flush=True)))
         rows.append(summarise("tba", seed, run_tba(cfg, args, seed), args))
+        if args.tba_sync:
+            sync = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-sync-seed{seed}'}",
+                                             "logging.progress=false", f"eval.every_steps={args.eval_every}",
+                                             *overrides, "runtime=inline", "mode=sync"])
+            rows.append(summarise("tba-sync", seed, run_tba(sync, args, seed), args))
         rows.append(summarise("trl-grpo", seed, run_trl(cfg, task, sft_dir, args, seed), args))
     md = report(rows, args)
     print(md)
@@ -239,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
               f"or before the {args.budget_s:.0f} s budget count. The script docstring lists every known "
               "unfairness.\n\n")
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(header + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+    args.results.write_text(header + md + f"\n\n![accuracy vs wall-clock]({args.results.with_suffix('.png').name})"
+                            "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+    plot(rows, args.results.with_suffix(".png"), args.budget_s, args.target)
     return 0
 
 

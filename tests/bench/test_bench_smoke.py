@@ -51,6 +51,7 @@ def test_offpolicy_bench_smoke(tmp_path, monkeypatch):
                             "--out", str(tmp_path / "out"), "--results", str(results)], monkeypatch)
     rows = rows_of(results)
     assert len(rows) == 10 and {r["objective"] for r in rows} == {"tb", "tba_prime", "dr_grpo", "rloo", "online_dpo"}
+    assert all(len(r["grad_norm"]) == 4 and r["evals"][0][0] == 0 for r in rows)  # per-quarter diagnostics
     assert results.with_suffix(".png").is_file()
 
 

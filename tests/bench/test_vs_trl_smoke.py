@@ -20,12 +20,14 @@ def test_vs_trl_smoke_writes_a_row_per_system(tmp_path, monkeypatch):
     spec.loader.exec_module(vs_trl)
     results = tmp_path / "vs_trl.md"
     assert vs_trl.main(["--smoke", "--seeds", "0", "--budget-s", "5", "--out", str(tmp_path / "out"),
-                        "--results", str(results), f"sft.cache_dir={tmp_path / 'cache'}"]) == 0
+                        "--results", str(results), "--tba-sync", f"sft.cache_dir={tmp_path / 'cache'}"]) == 0
 
     text = results.read_text()
     table = [line for line in text.splitlines() if line.startswith("| ") and "| 0 |" in line]
-    assert [line.split("|")[1].strip() for line in table] == ["tba", "trl-grpo"]
+    assert [line.split("|")[1].strip() for line in table] == ["tba", "tba-sync", "trl-grpo"]
     rows = json.loads(text.split("```json\n")[1].split("```")[0])
-    assert {r["system"] for r in rows} == {"tba", "trl-grpo"}
+    assert {r["system"] for r in rows} == {"tba", "tba-sync", "trl-grpo"}
+    assert "tba-sync time-to" in text and "accuracy at 5 s median" in text
     assert all(r["steps"] >= 1 and r["evals"][0][0] == 0 for r in rows)
-    assert rows[1]["train_s"] < 30  # the callback stopped TRL at its 5 s budget (max_steps is 10**6)
+    assert results.with_suffix(".png").stat().st_size > 10_000  # the accuracy-vs-wall-clock figure
+    assert rows[2]["train_s"] < 30  # the callback stopped TRL at its 5 s budget (max_steps is 10**6)
