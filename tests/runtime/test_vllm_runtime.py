@@ -64,20 +64,29 @@ def test_ctrl_c_leaves_no_vllm_process_behind(tmp_path):
     cmd = [sys.executable, "-m", "tba", "train", *TINY, f"output_dir={out}",
            f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *VLLM, "runtime=local", "mode=async",
            "trainer.steps=100000", "eval.every_steps=100000", "checkpoint.every_steps=null"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
+    log = tmp_path / "train.log"  # a file, not a pipe: a leftover grandchild holding the pipe open would make
+    # the test wait on it instead of reporting it (the session check below names it)
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file():
             time.sleep(0.2)
         assert (out / "metrics.jsonl").is_file(), "the run never reached its first step"
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"no exit 120 s after Ctrl-C; live: {_live_in_session(proc.pid, 0)}\n"
+                        f"{log.read_text()[-3000:]}")
+        left = _live_in_session(proc.pid, wait_s=15)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None or _live_in_session(proc.pid, 0):
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and "interrupted" in output, output[-3000:]  # stopped after a step, checkpointed
-    assert not _live_in_session(proc.pid, wait_s=15)
+    output = log.read_text()
+    assert proc.returncode == 130 and "interrupted" in output, output[-3000:]  # stopped, checkpointed
+    assert not left, f"{left}\n{output[-3000:]}"
 
 
 def _live_in_session(sid: int, wait_s: float) -> list[str]:
