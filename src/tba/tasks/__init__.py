@@ -34,6 +34,24 @@ def _gsm8k(t):
                      template=t.prompt_template or PROMPT_TEMPLATE)
 
 
+def _reasoning_gym(t):
+    from tba.tasks.reasoning_gym import ReasoningGymTask
+
+    options = dict(t.options or {})
+    if "dataset" not in options:
+        from tba.config import ConfigError
+
+        raise ConfigError("task.options.dataset: task reasoning_gym needs a dataset name, e.g. "
+                          "'task.options={dataset: chain_sum}'")
+    unknown = sorted(set(options) - {"dataset", "options", "seed", "instruction"})
+    if unknown:
+        from tba.config import ConfigError
+
+        raise ConfigError(f"task.options: reasoning_gym takes dataset, options, seed, instruction; not {unknown} "
+                          f"(the dataset's own settings go under task.options.options)")
+    return ReasoningGymTask(train_size=t.train_size, test_size=t.test_size, **options)
+
+
 def _from_options(spec: str) -> Callable:
     """Tasks whose reward is a model take the data settings (if set) plus `task.options` as arguments."""
 
@@ -48,6 +66,8 @@ def _from_options(spec: str) -> Callable:
 
 TASKS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("arith", _arith, True, "a+b from reasoning-gym with a noisy-teacher SFT start (the default)"),
+    TaskSpec("reasoning_gym", _reasoning_gym, False,
+             "any reasoning-gym dataset (task.options: dataset, options), its own verifier, for pretrained models"),
     TaskSpec("gsm8k", _gsm8k, False, "GSM8K math word problems, exact-match reward on the final number"),
     TaskSpec("tldr", _from_options("tba.tasks.tldr:TLDRTask"), False,
              "TL;DR summarisation scored by a reward model"),

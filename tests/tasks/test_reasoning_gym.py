@@ -1,0 +1,71 @@
+"""reasoning_gym task: the answer it reads from a response, the dataset's verifier as reward, held-out split,
+and the config errors a user sees for a bad dataset or option."""
+
+from __future__ import annotations
+
+import pytest
+
+from tba.config import ConfigError
+from tba.tasks.reasoning_gym import INSTRUCTION, ReasoningGymTask, final_answer
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("42", "42"),
+    ("42.", "42"),
+    ("  \n 17\nbecause 8 + 9 = 17", "17"),
+    ("I think <answer>9</answer> is right", "9"),
+    ("<answer>\n 3 \n</answer>", "3"),
+    ("", ""),
+    ("3.5", "3.5"),  # a decimal point is not a sentence's full stop
+])
+def test_final_answer(text, expected):
+    assert final_answer(text) == expected
+
+
+def test_reward_is_the_datasets_verifier_on_the_final_answer():
+    task = ReasoningGymTask("chain_sum", train_size=50, test_size=20, seed=7,
+                            options=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1))
+    p = task.test[0]
+    assert p.text.endswith("\n" + INSTRUCTION)
+    assert task.reward(p, p.answer) == 1.0
+    assert task.reward(p, p.answer + ".\nThat is the sum.") == 1.0
+    # prose around the answer: reasoning-gym's default verifier gives len(answer) / len(response) credit
+    assert task.reward(p, f"The sum is {p.answer}") == pytest.approx(len(p.answer) / len(f"The sum is {p.answer}"))
+    assert task.reward(p, str(int(p.answer) + 1)) == 0.0
+    assert task.name == "reasoning_gym/chain_sum"
+
+
+def test_held_out_questions_never_in_train():
+    task = ReasoningGymTask("chain_sum", train_size=400, test_size=100, seed=3,
+                            options=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1))
+    test_q = {p.text for p in task.test}
+    assert len(task.test) == 100 and 0 < len(task.train) <= 400
+    assert not test_q & {p.text for p in task.train}
+    assert [p.id for p in task.train] == list(range(len(task.train)))
+
+
+def test_same_seed_same_problems():
+    a = ReasoningGymTask("leg_counting", train_size=20, test_size=10, seed=5)
+    b = ReasoningGymTask("leg_counting", train_size=20, test_size=10, seed=5)
+    assert [p.text for p in a.train] == [p.text for p in b.train]
+    assert [p.answer for p in a.test] == [p.answer for p in b.test]
+
+
+def test_bad_dataset_and_options_name_the_field():
+    with pytest.raises(ConfigError, match="task.options.dataset.*no_such_dataset"):
+        ReasoningGymTask("no_such_dataset")
+    with pytest.raises(ConfigError, match="task.options.options.*chain_sum"):
+        ReasoningGymTask("chain_sum", options=dict(min_terms=5, max_terms=2))
+
+
+def test_registry_builds_it_from_task_options():
+    from tba.config import TaskConfig
+    from tba.tasks import make_task
+
+    task = make_task(TaskConfig(name="reasoning_gym", train_size=30, test_size=10,
+                                options={"dataset": "chain_sum", "options": {"max_digits": 1}}))
+    assert task.name == "reasoning_gym/chain_sum" and len(task.test) == 10
+    with pytest.raises(ConfigError, match="task.options.dataset"):
+        make_task(TaskConfig(name="reasoning_gym"))
+    with pytest.raises(ConfigError, match="max_digits"):
+        make_task(TaskConfig(name="reasoning_gym", options={"dataset": "chain_sum", "max_digits": 1}))
