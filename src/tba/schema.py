@@ -18,8 +18,8 @@ class TaskConfig:
     `package.module:factory` or `path/to/file.py:factory`, a function called as factory(**task.options)
     that returns a Task (docs/tasks.md)."""
     options: dict | None = None
-    """Keyword arguments for the task's factory (reasoning_gym: dataset, options, seed, instruction; tldr: reward
-    models; redteam: victim, classifier; custom)."""
+    """Keyword arguments for the task's factory (reasoning_gym: dataset, options, seed, instruction, extract;
+    tldr: reward models; redteam: victim, classifier; custom)."""
     source: str | None = None
     """gsm8k: hub name (default openai/gsm8k) or a local jsonl/parquet file or directory."""
     digits: int = 3

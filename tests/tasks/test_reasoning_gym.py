@@ -69,3 +69,25 @@ def test_registry_builds_it_from_task_options():
         make_task(TaskConfig(name="reasoning_gym"))
     with pytest.raises(ConfigError, match="max_digits"):
         make_task(TaskConfig(name="reasoning_gym", options={"dataset": "chain_sum", "max_digits": 1}))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("50 + 19 = 69.", "69"),
+    ("The sum of 1,200 and 34 is 1,234", "1234"),
+    ("half of it: 2.5", "2.5"),
+    ("no number", ""),
+    ("<answer>12</answer> but 13", "12"),  # tags win over every reading
+])
+def test_final_answer_last_number(text, expected):
+    assert final_answer(text, "last_number") == expected
+
+
+def test_last_number_reads_a_sentence_answer():
+    task = ReasoningGymTask("basic_arithmetic", train_size=20, test_size=5, seed=0, extract="last_number",
+                            options=dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2, operators=("+",),
+                                         allow_parentheses=False, allow_negation=False))
+    p = task.test[0]
+    assert task.reward(p, f"The answer is {p.answer}.") == 1.0
+    assert task.reward(p, f"{p.answer}, so not {int(p.answer) + 1}") == 0.0  # the last number counts
+    with pytest.raises(ConfigError, match="task.options.extract"):
+        ReasoningGymTask("basic_arithmetic", extract="first_number")

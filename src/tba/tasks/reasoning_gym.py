@@ -3,11 +3,12 @@
 reasoning-gym generates problems offline from a seed and ships a verifier per dataset
 (`score_answer`: 1.0 for a correct answer, partial credit for some datasets). This task asks the dataset's
 question followed by a short instruction ("Reply with the answer only.") and scores the response's
-*final answer*: the text inside `<answer>…</answer>` if the model wrote the tags, else the first non-empty
-line with a trailing period removed. Nothing is parsed more cleverly than that on purpose: a response that
-buries its answer in prose earns only the verifier's partial credit (for most datasets len(answer) ÷
-len(response) when the answer occurs in it), so RL has a format to learn as well as the task, and a reward
-that guessed at prose could be gamed.
+*final answer*: the text inside `<answer>…</answer>` if the model wrote the tags, else (`extract: line`, the
+default) the first non-empty line with a trailing period removed, or (`extract: last_number`, for numeric
+datasets) the last number in the response, as GSM8K is scored. Nothing is parsed more cleverly than that
+on purpose: with `line`, a response that buries its answer in prose earns only the verifier's partial credit
+(for most datasets len(answer) ÷ len(response) when the answer occurs in it), so RL has a format to learn as
+well as the task, and a reward that guessed at prose could be gamed.
 
 Held-out problems come from a different seed; any question that also occurs in train is removed from train.
 Set `task.chat_template=true` for chat models (the recipes do). This task has no demonstrations, so it
@@ -22,27 +23,37 @@ import reasoning_gym
 
 from tba.config import ConfigError
 from tba.tasks.base import Prompt
+from tba.tasks.gsm8k import extract_answer
 
 INSTRUCTION = "Reply with the answer only."
 _TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def final_answer(completion: str) -> str:
-    """The answer a response gives: `<answer>` tags if present, else its first non-empty line, minus a final '.'."""
+EXTRACTORS = ("line", "last_number")
+
+
+def final_answer(completion: str, extract: str = "line") -> str:
+    """The answer a response gives: `<answer>` tags if present; else `line`: its first non-empty line minus a
+    final '.'; `last_number`: its last number ("" if none), written as an integer when it is one."""
     tagged = _TAGGED.search(completion)
     if tagged:
         return tagged.group(1).strip()
+    if extract == "last_number":
+        value = extract_answer(completion)
+        return "" if value is None else str(int(value)) if value.is_integer() else str(value)
     line = next((s.strip() for s in completion.splitlines() if s.strip()), "")
     return line[:-1].rstrip() if line.endswith(".") else line
 
 
 class ReasoningGymTask:
     def __init__(self, dataset: str, train_size: int | None = 2000, test_size: int | None = 200, seed: int = 1234,
-                 options: dict | None = None, instruction: str = INSTRUCTION):
+                 options: dict | None = None, instruction: str = INSTRUCTION, extract: str = "line"):
         if dataset not in reasoning_gym.factory.DATASETS:
             raise ConfigError(f"task.options.dataset: reasoning-gym has no dataset {dataset!r} "
                               f"(reasoning_gym.factory.DATASETS lists {len(reasoning_gym.factory.DATASETS)})")
-        self.name = f"reasoning_gym/{dataset}"
+        if extract not in EXTRACTORS:
+            raise ConfigError(f"task.options.extract: {extract!r} is not one of {list(EXTRACTORS)}")
+        self.name, self.extract = f"reasoning_gym/{dataset}", extract
         try:
             test = reasoning_gym.create_dataset(dataset, size=test_size or 200, seed=seed + 1, **(options or {}))
             train = reasoning_gym.create_dataset(dataset, size=train_size or 2000, seed=seed, **(options or {}))
@@ -58,4 +69,5 @@ class ReasoningGymTask:
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         """reasoning-gym's own verifier on the response's final answer (see `final_answer`)."""
-        return float(self._scorer.score_answer(answer=final_answer(completion), entry=prompt.meta["entry"]))
+        answer = final_answer(completion, self.extract)
+        return float(self._scorer.score_answer(answer=answer, entry=prompt.meta["entry"]))
