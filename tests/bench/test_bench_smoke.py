@@ -140,3 +140,22 @@ def test_async_speedup_score_at_never_credits_a_later_evaluation():
     from async_speedup import score_at
     evals = [(0, 0.3, 0.0), (10, 0.5, 5.0), (20, 0.9, 12.0)]
     assert score_at(evals, 11.9) == (0.5, 10) and score_at(evals, 12.0) == (0.9, 20) and score_at(evals, 0) == (0.3, 0)
+
+
+def test_eval_run_reevaluates_start_and_final_policy(tmp_path, monkeypatch, tiny_model, tiny_tokenizer):
+    import yaml
+
+    from tba.config import load_config, to_dict
+
+    policy, run = tmp_path / "policy", tmp_path / "run"
+    for where in (policy, run / "checkpoint"):
+        tiny_model.save_pretrained(where)
+        tiny_tokenizer.save_pretrained(where)
+    cfg = load_config(None, [f"model.policy={policy}", "task.digits=2", "task.train_size=50", "task.test_size=6",
+                             "eval.max_new_tokens=4", "sft.enabled=false"])
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    results = tmp_path / "eval.md"
+    run_bench("eval_run", [str(run), "--examples", "3", "--results", str(results)], monkeypatch)
+    text = results.read_text()
+    assert "| start (`policy`) |" in text and "| end (`checkpoint`) |" in text and "6 held-out prompts" in text
+    assert len([line for line in text.splitlines() if line.startswith("| ")]) == 1 + 2 + 1 + 3  # headers, rows

@@ -91,3 +91,13 @@ def test_last_number_reads_a_sentence_answer():
     assert task.reward(p, f"{p.answer}, so not {int(p.answer) + 1}") == 0.0  # the last number counts
     with pytest.raises(ConfigError, match="task.options.extract"):
         ReasoningGymTask("basic_arithmetic", extract="first_number")
+
+
+def test_exact_counts_full_credit_only():
+    task = ReasoningGymTask("basic_arithmetic", train_size=20, test_size=4, seed=0, extract="last_number",
+                            options=dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2, operators=("+",),
+                                         allow_parentheses=False, allow_negation=False))
+    ps = task.test[:2]
+    wrong_but_partial = ps[1].answer + "0"  # contains the answer: partial credit from reasoning-gym
+    assert 0 < task.reward(ps[1], wrong_but_partial) < 1
+    assert task.eval_metrics(ps, [ps[0].answer, wrong_but_partial], [True, True]) == {"exact": 0.5}

@@ -71,3 +71,9 @@ class ReasoningGymTask:
         """reasoning-gym's own verifier on the response's final answer (see `final_answer`)."""
         answer = final_answer(completion, self.extract)
         return float(self._scorer.score_answer(answer=answer, entry=prompt.meta["entry"]))
+
+    def eval_metrics(self, prompts: list[Prompt], completions: list[str], finished: list[bool]) -> dict[str, float]:
+        """`exact`: the share of responses with full credit. `eval/score` is the mean reward, which counts
+        reasoning-gym's partial credit (e.g. 0.67 for "690" when the answer is 69: the answer occurs in it)."""
+        full = sum(self.reward(p, c) == 1.0 for p, c in zip(prompts, completions, strict=True))
+        return {"exact": full / len(prompts) if prompts else float("nan")}
