@@ -35,18 +35,15 @@ def _gsm8k(t):
 
 
 def _reasoning_gym(t):
+    from tba.config import ConfigError
     from tba.tasks.reasoning_gym import ReasoningGymTask
 
     options = dict(t.options or {})
     if "dataset" not in options:
-        from tba.config import ConfigError
-
         raise ConfigError("task.options.dataset: task reasoning_gym needs a dataset name, e.g. "
                           "'task.options={dataset: chain_sum}'")
     unknown = sorted(set(options) - {"dataset", "options", "seed", "instruction", "extract"})
     if unknown:
-        from tba.config import ConfigError
-
         raise ConfigError(f"task.options: reasoning_gym takes dataset, options, seed, instruction, extract; "
                           f"not {unknown} (the dataset's own settings go under task.options.options)")
     return ReasoningGymTask(train_size=t.train_size, test_size=t.test_size, **options)

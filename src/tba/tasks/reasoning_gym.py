@@ -27,8 +27,6 @@ from tba.tasks.gsm8k import extract_answer
 
 INSTRUCTION = "Reply with the answer only."
 _TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
 EXTRACTORS = ("line", "last_number")
 
 
