@@ -7,6 +7,8 @@ runtime and mode change:
   async-ray     the same on a private local Ray (runtime overhead vs local)
   sync-inline   one process with all cores, generation and training alternate (the honest sync baseline)
   sync-local    the same components as async-local, alternating (each phase gets one process' cores)
+  async-bounded async-local with trainer.max_replay_ratio=1: the trainer waits for fresh samples rather
+                than draw more samples than the searchers have delivered (not run unless named in --variants)
 
     python bench/async_speedup.py --seeds 0 1 --target 0.7
 
@@ -39,7 +41,9 @@ VARIANTS = {
     "async-ray": ["runtime=ray", "mode=async"],
     "sync-inline": ["runtime=inline", "mode=sync"],
     "sync-local": ["runtime=local", "mode=sync"],
+    "async-bounded": ["runtime=local", "mode=async", "trainer.max_replay_ratio=1.0"],
 }
+DEFAULT_VARIANTS = ["async-local", "async-ray", "sync-inline", "sync-local"]
 
 
 def time_to(evals: list, target: float) -> float | None:
@@ -70,6 +74,8 @@ def run(variant: str, seed: int, args) -> dict:
     row["staleness_mean"] = statistics.mean(m["staleness/mean"] for m in metrics)
     busy = [m["searcher/busy_fraction"] for m in metrics if "searcher/busy_fraction" in m]
     row["searcher_busy"] = busy[-1] if busy else None
+    ratios = [m["trainer/replay_ratio"] for m in metrics if "trainer/replay_ratio" in m]
+    row["replay_ratio"] = ratios[-1] if ratios else None  # samples drawn / samples received, at the end
     print(json.dumps(row), flush=True)
     return row
 
@@ -80,11 +86,12 @@ def fmt(x, spec):
 
 def table(rows: list[dict], target: float) -> str:
     out = [f"| variant | seed | time to {target:.0%} (s) | final acc | train s ({rows[0]['steps']} steps) | total s | "
-           "trainer busy | searcher busy | samples/s | staleness mean |", "|---" * 10 + "|"]
+           "trainer busy | searcher busy | samples/s | staleness mean | replay ratio |", "|---" * 11 + "|"]
     for r in rows:
         out.append(f"| {r['variant']} | {r['seed']} | {fmt(r['time_to_target_s'], '.0f')} | {r['final_acc']:.1%} | "
                    f"{r['train_s']:.0f} | {r['total_s']:.0f} | {r['trainer_busy']:.0%} | "
-                   f"{fmt(r['searcher_busy'], '.0%')} | {r['samples_per_s']:.0f} | {r['staleness_mean']:.1f} |")
+                   f"{fmt(r['searcher_busy'], '.0%')} | {r['samples_per_s']:.0f} | {r['staleness_mean']:.1f} | "
+                   f"{fmt(r.get('replay_ratio'), '.2f')} |")
     return "\n".join(out)
 
 
@@ -127,7 +134,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--target", type=float, default=0.7)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "_out" / "async_speedup")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "async_speedup.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
@@ -148,6 +155,8 @@ def main() -> None:
             lines.append(f"- async-local vs {base}, wall-clock for the same {rows[0]['steps']} steps: "
                          f"{', '.join(f'{x:.2f}×' for x in st)} (median {statistics.median(st):.2f}×)")
     lines += equal_clock(rows)
+    lines += equal_clock(rows, fast="async-bounded")
+    lines += equal_clock(rows, fast="async-bounded", base="async-local")
     ov = speedups(rows, "train_s", "async-ray", "async-local")
     if ov:
         lines.append(f"- Ray runtime overhead (async-ray train s / async-local train s): "

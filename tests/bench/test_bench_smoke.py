@@ -37,9 +37,12 @@ def test_learning_bench_smoke(tmp_path, monkeypatch):
 def test_async_speedup_bench_smoke(tmp_path, monkeypatch):
     results = tmp_path / "async.md"
     run_bench("async_speedup", ["--smoke", "--seeds", "0", "--eval-every", "3", "--target", "0.0",
+                                "--variants", "async-local", "sync-inline", "sync-local", "async-bounded",
                                 "--out", str(tmp_path / "out"), "--results", str(results)], monkeypatch)
-    variants = {r["variant"] for r in rows_of(results)}
-    assert {"async-local", "sync-inline", "sync-local"} <= variants
+    rows = rows_of(results)
+    assert {r["variant"] for r in rows} == {"async-local", "sync-inline", "sync-local", "async-bounded"}
+    assert all(r["replay_ratio"] > 0 for r in rows)
+    assert "async-bounded − sync-inline at equal training wall-clock" in results.read_text()
     assert "wall-clock for the same 6 steps" in results.read_text()  # smoke: trainer.steps=6
     assert "at equal training wall-clock" in results.read_text()
 
