@@ -26,7 +26,8 @@ def test_bad_task_specs_name_the_key():
         load_custom_task("nowhere/task.py:make", {})
     with pytest.raises(ConfigError, match="task.name: cannot load .*make_nothing"):
         load_custom_task(f"{EXAMPLE}:make_nothing", {})
-    with pytest.raises(ConfigError, match="task.name: must be one of arith, gsm8k, tldr, redteam or module:factory"):
+    with pytest.raises(ConfigError,
+                       match="task.name: must be one of arith, reasoning_gym, gsm8k, tldr, redteam or module:factory"):
         load_config(None, ["task.name=countdown"])
 
 
