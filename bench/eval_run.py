@@ -24,7 +24,7 @@ import torch
 
 from tba.build import build_task
 from tba.config import load_config
-from tba.evaluate import complete, evaluate
+from tba.evaluate import complete, task_metrics
 from tba.export import policy_source
 from tba.models import load_model, load_tokenizer, resolve_source
 
@@ -44,12 +44,11 @@ def main() -> None:
     prompts = task.test
     rows, shown = [], {}
     for label, source in (("start", resolve_source(cfg.model.policy)), ("end", str(policy_source(args.run_dir)))):
-        model = load_model(source)
-        metrics = evaluate(model, tok, task, prompts, cfg.eval)
-        c = complete(model, tok, prompts[:args.examples], max_new_tokens=cfg.eval.max_new_tokens,
+        c = complete(load_model(source), tok, prompts, max_new_tokens=cfg.eval.max_new_tokens,
                      batch_size=cfg.eval.batch_size)
+        metrics = task_metrics(task, c)
         rows.append((label, source, metrics))
-        shown[label] = c.texts
+        shown[label] = c.texts[:args.examples]
         print(f"{label}: {metrics}", flush=True)
     names = sorted({k for _, _, m in rows for k in m})
     lines = [f"# Re-evaluation of `{args.run_dir}` (`bench/eval_run.py`)", "",
@@ -60,7 +59,7 @@ def main() -> None:
     lines += [f"| {label} (`{Path(src).name}`) | " + " | ".join(f"{m.get(k, float('nan')):.3f}" for k in names) + " |"
               for label, src, m in rows]
     lines += ["", "| answer | response at start | response at end |", "|---|---|---|"]
-    for p, a, b in zip(prompts, shown["start"], shown["end"], strict=False):
+    for p, a, b in zip(prompts, shown["start"], shown["end"], strict=False):  # the first --examples prompts
         def cell(s):
             return "`" + s.strip().replace("\n", " ⏎ ").replace("|", "\\|")[:80] + "`"
         lines.append(f"| {p.answer} | {cell(a)} | {cell(b)} |")

@@ -62,6 +62,7 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
+    from tba.build import apply_chat_template
     from tba.models import load_tokenizer, resolve_source
     from tba.tasks.reasoning_gym import EXTRACTORS, ReasoningGymTask
 
@@ -75,16 +76,16 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         task = ReasoningGymTask(dataset, train_size=10, test_size=args.n, seed=1234, options=options)
-        texts = [tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
-                                         add_generation_prompt=True) for p in task.test]
+        question = task.test[0].text
+        apply_chat_template(task, tok)  # as `tba train` asks them with task.chat_template=true
         t0 = time.perf_counter()
-        outs = llm.generate(texts, params, use_tqdm=False)
+        outs = llm.generate([p.text for p in task.test], params, use_tqdm=False)
         comps = [o.outputs[0].text for o in outs]
         accs = {}
         for extract in EXTRACTORS:  # the same responses, read both ways; pass@1 counts full credit only
             task.extract = extract
             accs[extract] = sum(task.reward(p, c) == 1.0 for p, c in zip(task.test, comps, strict=True)) / len(comps)
-        rows.append((name, dataset, options, accs, task.test[0].text, comps[0]))
+        rows.append((name, dataset, options, accs, question, comps[0]))
         print(f"{name:26s} line {100 * accs['line']:5.1f} %  last_number {100 * accs['last_number']:5.1f} %  "
               f"({time.perf_counter() - t0:.1f} s)  e.g. {comps[0]!r:.60}", flush=True)
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores; date {date.today()}; n = {args.n} per task; "

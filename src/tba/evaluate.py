@@ -96,12 +96,18 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
         return {"score": math.nan}
     c = complete(policy, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
                  samples_per_prompt=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p)
+    metrics = task_metrics(task, c)
+    if cfg.reference_metrics and reference is not None:
+        metrics.update(reference_metrics(policy, reference, c, tokenizer.pad_token_id))
+    return metrics
+
+
+def task_metrics(task, c: Completions) -> dict[str, float]:
+    """{score: mean reward of `c`, **task.eval_metrics(c)}: what the task itself says of these completions."""
     metrics = {"score": accuracy(task, c.prompts, c.texts, c.finished)}
     extra = getattr(task, "eval_metrics", None)
     if extra is not None:
         metrics.update({k: float(v) for k, v in extra(c.prompts, c.texts, c.finished).items()})
-    if cfg.reference_metrics and reference is not None:
-        metrics.update(reference_metrics(policy, reference, c, tokenizer.pad_token_id))
     return metrics
 
 
