@@ -7,6 +7,7 @@ also keeps per-quarter medians of gradient norm, TB residual std, log Ẑ, log �
 see what a collapse looks like from the inside.
 
     python bench/offpolicy.py --seeds 0 1 2 --ks 1 4 16 --ms 0.95 0.5 [--workers 2] [key=value ...]
+    python bench/offpolicy.py ... --reuse bench/results/offpolicy_hard.md   # extend a grid: rerun only new cells
 
 The inline runtime is used so that staleness is exactly what k and m make it (no scheduling noise);
 runs go `--workers` at a time, one thread each. Writes bench/results/offpolicy.md and offpolicy.png.
@@ -83,6 +84,45 @@ def diagnostics(metrics: list[dict]) -> dict:
     return out
 
 
+def reused_rows(path: Path, args) -> list[dict]:
+    """Rows of an earlier results file whose cells this invocation would otherwise rerun.
+
+    Inline runs are deterministic (one thread, seeded searchers), so a cell already measured under the same
+    recipe and overrides is the same number; the earlier file's command must name the same --config and the
+    same overrides, or the rows would silently mix two setups."""
+    text = path.read_text()
+    cmd = next((line for line in text.splitlines() if line.startswith("- command: `python bench/offpolicy.py ")), None)
+    if cmd is None or "```json" not in text:
+        raise SystemExit(f"--reuse {path}: not a bench/offpolicy.py results file (no command line or json block)")
+    old = build_parser().parse_args(cmd.split("`")[1].split()[2:])
+    if (old.config, old.smoke, old.overrides) != (args.config, args.smoke, args.raw_overrides):
+        raise SystemExit(f"--reuse {path}: measured with --config {old.config} {' '.join(old.overrides)}, "
+                         f"not --config {args.config} {' '.join(args.raw_overrides)}")
+    rows = json.loads(text.split("```json", 1)[1].split("```", 1)[0])
+    wanted = {(o, k, m, s) for o in args.objectives for k in args.ks for m in args.ms for s in args.seeds}
+    return [r for r in rows if (r["objective"], r["k"], r["m"], r["seed"]) in wanted]
+
+
+def per_seed(rows: list[dict], ks, ms) -> str:
+    """Every run's held-out accuracy at each evaluation: a late collapse or a slow flip shows here, and the
+    means in the summary hide both."""
+    steps = [s for s, _, _ in rows[0]["evals"]]
+    cols = [(k, m) for m in ms for k in ks]
+    lines = [f"## Per seed: held-out accuracy (%) at updates {', '.join(map(str, steps))}\n",
+             "| objective | seed | " + " | ".join(f"k={k}, m={m}" for k, m in cols) + " |",
+             "|---" * (2 + len(cols)) + "|"]
+    for obj in OBJECTIVES:
+        for seed in sorted({r["seed"] for r in rows}):
+            cells = []
+            for k, m in cols:
+                r = next((r for r in rows if (r["objective"], r["k"], r["m"], r["seed"]) == (obj, k, m, seed)), None)
+                cells.append("—" if r is None else
+                             " ".join(f"{a * 100:.0f}" for _, a, _ in r["evals"][:-1]) + f" **{r['final'] * 100:.0f}**")
+            if any(c != "—" for c in cells):
+                lines.append(f"| {obj} | {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summarise(rows: list[dict], ks, ms) -> str:
     head = "| objective | " + " | ".join(f"k={k}, m={m}" for m in ms for k in ks) + " |"
     lines = [head, "|---" * (1 + len(ks) * len(ms)) + "|"]
@@ -132,7 +172,7 @@ def plot(rows: list[dict], ks, ms, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=None, help="recipe (path or packaged name); default: the embedded default")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -143,21 +183,33 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "_out" / "offpolicy")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "offpolicy.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
+    ap.add_argument("--reuse", type=Path, action="append", default=None,
+                    help="an earlier results file (same --config and overrides) whose cells are not rerun; repeatable")
     ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.steps=100")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    args.raw_overrides = list(args.overrides)
     if args.smoke:
         args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     jobs = [{"objective": o, "k": k, "m": m, "seed": s, "overrides": args.overrides, "config": args.config,
              "out": str(args.out / f"{o}-k{k}-m{m}-s{s}")}
             for s in args.seeds for m in args.ms for k in args.ks for o in args.objectives]
-    build_warm_starts(args)
-    rows = []
+    rows = [r for path in args.reuse or [] for r in reused_rows(path, args)]
+    done = {(r["objective"], r["k"], r["m"], r["seed"]) for r in rows}
+    jobs = [j for j in jobs if (j["objective"], j["k"], j["m"], j["seed"]) not in done]
+    print(f"{len(rows)} cells reused, {len(jobs)} to run", flush=True)
+    if jobs:
+        build_warm_starts(args)
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=ctx) as pool:
         for row in pool.map(run_one, jobs):
             print(json.dumps(row), flush=True)
             rows.append(row)
-    md = summarise(rows, args.ks, args.ms)
+    rows.sort(key=lambda r: (OBJECTIVES.index(r["objective"]), r["seed"], r["m"], r["k"]))
+    md = summarise(rows, args.ks, args.ms) + "\n\n" + per_seed(rows, args.ks, args.ms)
     print(md)
     png = args.results.with_suffix(".png")
     args.results.parent.mkdir(parents=True, exist_ok=True)

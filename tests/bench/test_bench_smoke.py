@@ -55,7 +55,16 @@ def test_offpolicy_bench_smoke(tmp_path, monkeypatch):
     rows = rows_of(results)
     assert len(rows) == 10 and {r["objective"] for r in rows} == {"tb", "tba_prime", "dr_grpo", "rloo", "online_dpo"}
     assert all(len(r["grad_norm"]) == 4 and r["evals"][0][0] == 0 for r in rows)  # per-quarter diagnostics
-    assert results.with_suffix(".png").is_file()
+    assert results.with_suffix(".png").is_file() and "| tb | 0 |" in results.read_text()  # per-seed table
+
+    # --reuse: the same grid again runs nothing and reproduces the rows; a different setup is refused
+    again = tmp_path / "again.md"
+    argv = ["--smoke", "--seeds", "0", "--ks", "1", "2", "--ms", "0.5", "--out", str(tmp_path / "out2"),
+            "--results", str(again), "--reuse", str(results)]
+    run_bench("offpolicy", argv, monkeypatch)
+    assert rows_of(again) == rows and not (tmp_path / "out2").exists()
+    with pytest.raises(SystemExit, match="trainer.steps=3"):
+        run_bench("offpolicy", [*argv, "trainer.steps=3"], monkeypatch)
 
 
 @pytest.mark.slow
