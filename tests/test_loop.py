@@ -259,5 +259,17 @@ def test_max_replay_ratio_makes_an_async_trainer_wait_for_fresh_samples(harness,
     ratios = [m["trainer/replay_ratio"] for _, m in logger.lines]
     if bound is None:  # never waits: 48 draws from 40 samples
         assert waits == 0 and ratios[-1] == pytest.approx(48 / 40)
-    else:  # waits whenever the ratio reached the bound; one update (4 draws) past it at most
-        assert waits > 0 and max(ratios) <= bound + 4 / 8
+    else:  # waits whenever the next update would take the ratio past the bound, so it never does
+        assert waits > 0 and max(ratios) <= bound
+
+
+def test_max_replay_ratio_holds_when_one_update_draws_more_than_a_search_batch(harness):
+    """B·K = 32 draws per update but a collect brings 8 samples: the trainer waits for several batches per
+    update, not just one (waiting for one let the ratio drift to B·K / batch)."""
+    make, _ = harness
+    run, events, logger = make(steps=5, extra=["trainer.max_replay_ratio=2.0", "trainer.prompts_per_step=4",
+                                               "trainer.samples_per_prompt=8"])
+    run.runtime.collect = lambda block, original=run.runtime.collect: original(block) if block else []
+    run.run()
+    ratios = [m["trainer/replay_ratio"] for _, m in logger.lines]
+    assert len(ratios) == 5 and max(ratios) <= 2.0 and ratios[-1] == pytest.approx(2.0)

@@ -145,6 +145,8 @@ class Loop:
     def step(self) -> dict:
         s, t, trainer = self.state, self.cfg.trainer, self.trainer
         fresh = self.receive(self.runtime.collect(block=self.cfg.mode == "sync" or self.over_replay()), s.step + 1)
+        while self.over_replay():  # one search batch can hold fewer samples than one update draws
+            fresh += self.receive(self.runtime.collect(block=True), s.step + 1)
         self.watch_freshness(bool(fresh))
         t_step = time.perf_counter()
         draws = self.buffer.sample(t.prompts_per_step, t.samples_per_prompt)
@@ -175,15 +177,19 @@ class Loop:
         self.logger.log(s.step, metrics)
         return metrics
 
-    def replay_ratio(self) -> float:
-        """Samples the trainer has drawn per sample the searchers delivered (> 1: replay)."""
+    def replay_ratio(self, updates: int | None = None) -> float:
+        """Samples the trainer has drawn (after `updates`, default: so far) per sample the searchers delivered
+        (> 1: replay)."""
         t = self.cfg.trainer
-        return self.state.step * t.prompts_per_step * t.samples_per_prompt / max(self.state.received, 1)
+        updates = self.state.step if updates is None else updates
+        return updates * t.prompts_per_step * t.samples_per_prompt / max(self.state.received, 1)
 
     def over_replay(self) -> bool:
-        """trainer.max_replay_ratio: past it, an async trainer waits for fresh samples before updating."""
+        """trainer.max_replay_ratio R: an async trainer may take its next update only if the ratio after it is
+        still ≤ R, i.e. (updates + 1)·B·K ≤ R·received; until then it waits for fresh samples (every wait has the
+        runtime's collect timeout). The bound is on the ratio itself, however few samples one search batch holds."""
         bound = self.cfg.trainer.max_replay_ratio
-        return bound is not None and self.runtime.searchers > 0 and self.replay_ratio() >= bound
+        return bound is not None and self.runtime.searchers > 0 and self.replay_ratio(self.state.step + 1) > bound
 
     # ---- around the algorithm: evaluation, warnings, timing, checkpoints -------------------------------------
     def evaluate(self) -> dict[str, float]:

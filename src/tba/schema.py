@@ -247,8 +247,9 @@ class TrainerConfig:
     """None = no clipping (as the paper)."""
     max_replay_ratio: float | None = None
     """Async: the trainer's draws per sample received (B·K·updates / samples received) may not exceed this;
-    past it, the next collect waits for fresh samples (the bound AReaL and PipelineRL put on staleness,
-    here on replay). None = never wait: the trainer replays the buffer as fast as it can (the paper's loop)."""
+    an update that would pass it first waits for as many fresh samples as it needs (the bound AReaL and
+    PipelineRL put on staleness, here on replay). None = never wait: the trainer replays the buffer as fast
+    as it can (the paper's loop)."""
 
 
 @dataclass
