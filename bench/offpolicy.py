@@ -87,9 +87,12 @@ def diagnostics(metrics: list[dict]) -> dict:
 def reused_rows(path: Path, args) -> list[dict]:
     """Rows of an earlier results file whose cells this invocation would otherwise rerun.
 
-    Inline runs are deterministic (one thread, seeded searchers), so a cell already measured under the same
-    recipe and overrides is the same number; the earlier file's command must name the same --config and the
-    same overrides, or the rows would silently mix two setups."""
+    Inline runs are deterministic given their SFT warm start (one thread, seeded searchers), so a cell already
+    measured under the same recipe and overrides, from the same cached warm start, is the same number; the
+    earlier file's command must name the same --config and overrides, or the rows would silently mix two
+    setups. The warm start itself is not bit-reproducible across environments (a cache rebuilt on a fresh
+    venv on 2026-11-25 started at 15.8 % instead of 15.2 %), so reuse rows only next to the cache they came
+    from: compare the reused rows' `start` with the new ones'."""
     text = path.read_text()
     cmd = next((line for line in text.splitlines() if line.startswith("- command: `python bench/offpolicy.py ")), None)
     if cmd is None or "```json" not in text:
