@@ -84,6 +84,11 @@ def diagnostics(metrics: list[dict]) -> dict:
     return out
 
 
+def cell(row: dict) -> tuple:
+    """What identifies one run of the grid (a row or a job)."""
+    return row["objective"], row["k"], row["m"], row["seed"]
+
+
 def reused_rows(path: Path, args) -> list[dict]:
     """Rows of an earlier results file whose cells this invocation would otherwise rerun.
 
@@ -103,7 +108,7 @@ def reused_rows(path: Path, args) -> list[dict]:
                          f"not --config {args.config} {' '.join(args.raw_overrides)}")
     rows = json.loads(text.split("```json", 1)[1].split("```", 1)[0])
     wanted = {(o, k, m, s) for o in args.objectives for k in args.ks for m in args.ms for s in args.seeds}
-    return [r for r in rows if (r["objective"], r["k"], r["m"], r["seed"]) in wanted]
+    return [r for r in rows if cell(r) in wanted]
 
 
 def per_seed(rows: list[dict], ks, ms) -> str:
@@ -111,6 +116,7 @@ def per_seed(rows: list[dict], ks, ms) -> str:
     means in the summary hide both."""
     steps = [s for s, _, _ in rows[0]["evals"]]
     cols = [(k, m) for m in ms for k in ks]
+    by_cell = {cell(r): r for r in rows}
     lines = [f"## Per seed: held-out accuracy (%) at updates {', '.join(map(str, steps))}\n",
              "| objective | seed | " + " | ".join(f"k={k}, m={m}" for k, m in cols) + " |",
              "|---" * (2 + len(cols)) + "|"]
@@ -118,7 +124,7 @@ def per_seed(rows: list[dict], ks, ms) -> str:
         for seed in sorted({r["seed"] for r in rows}):
             cells = []
             for k, m in cols:
-                r = next((r for r in rows if (r["objective"], r["k"], r["m"], r["seed"]) == (obj, k, m, seed)), None)
+                r = by_cell.get((obj, k, m, seed))
                 cells.append("—" if r is None else
                              " ".join(f"{a * 100:.0f}" for _, a, _ in r["evals"][:-1]) + f" **{r['final'] * 100:.0f}**")
             if any(c != "—" for c in cells):
@@ -201,8 +207,8 @@ def main() -> None:
              "out": str(args.out / f"{o}-k{k}-m{m}-s{s}")}
             for s in args.seeds for m in args.ms for k in args.ks for o in args.objectives]
     rows = [r for path in args.reuse or [] for r in reused_rows(path, args)]
-    done = {(r["objective"], r["k"], r["m"], r["seed"]) for r in rows}
-    jobs = [j for j in jobs if (j["objective"], j["k"], j["m"], j["seed"]) not in done]
+    done = {cell(r) for r in rows}
+    jobs = [j for j in jobs if cell(j) not in done]
     print(f"{len(rows)} cells reused, {len(jobs)} to run", flush=True)
     if jobs:
         build_warm_starts(args)

@@ -144,8 +144,8 @@ class Loop:
 
     def step(self) -> dict:
         s, t, trainer = self.state, self.cfg.trainer, self.trainer
-        fresh = self.receive(self.runtime.collect(block=self.cfg.mode == "sync" or self.over_replay()), s.step + 1)
-        while self.over_replay():  # one search batch can hold fewer samples than one update draws
+        fresh = self.receive(self.runtime.collect(block=self.cfg.mode == "sync"), s.step + 1)
+        while self.over_replay():  # as many batches as it takes: one can hold fewer samples than an update draws
             fresh += self.receive(self.runtime.collect(block=True), s.step + 1)
         self.watch_freshness(bool(fresh))
         t_step = time.perf_counter()
