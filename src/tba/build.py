@@ -266,8 +266,14 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
     buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), log)
     sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
                            tokenizer=state.policy_source)
-    runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=policy, reference=reference, sources=sources,
-                            version=trainer.version, states=checkpoint.get("searchers"), log=log)
+    behaviour, version = policy, trainer.version
+    if resume_from is not None and cfg.trainer.sync_every_steps == 0:
+        # k = 0, never synced: the searchers' policy is the run's start, on a resume too (not the checkpoint's)
+        behaviour, version = load_model(state.policy_source, cfg.model.dtype).to(device), 0
+        if cfg.model.lora.enabled:
+            behaviour = apply_lora(behaviour, cfg.model.lora)  # B = 0: the base, under the trainer's tensor names
+    runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
+                            sources=sources, version=version, states=checkpoint.get("searchers"), log=log)
     return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, fitted)
 
 

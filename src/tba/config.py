@@ -56,7 +56,7 @@ CHOICES = {
 }
 POSITIVE = {
     "trainer.steps", "trainer.prompts_per_step", "trainer.samples_per_prompt", "trainer.micro_batch_prompts",
-    "trainer.sync_every_steps", "trainer.lr", "search.samples_per_prompt", "search.prompts_per_batch",
+    "trainer.lr", "search.samples_per_prompt", "search.prompts_per_batch",
     "search.max_new_tokens", "search.temperature", "search.heartbeat_timeout_s", "buffer.capacity_per_prompt",
     "eval.every_steps",
     "eval.max_new_tokens", "eval.batch_size", "tb.beta_init", "tb.beta_final", "sft.batch_size", "task.digits",
@@ -177,6 +177,9 @@ def _validate(cfg: RunConfig) -> None:
     for key in POSITIVE_OR_NONE:
         if get(key) is not None and get(key) <= 0:
             raise ConfigError(f"{key}: must be > 0 or null, got {get(key)!r}")
+    if cfg.trainer.sync_every_steps < 0:
+        raise ConfigError(f"trainer.sync_every_steps: must be ≥ 1 (publish every k updates) or 0 (never: searchers "
+                          f"keep sampling from the starting policy), got {cfg.trainer.sync_every_steps}")
     for key in ("search.max_restarts", "eval.samples_per_prompt"):
         if get(key) < 0:
             raise ConfigError(f"{key}: must be ≥ 0, got {get(key)}")

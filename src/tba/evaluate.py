@@ -4,7 +4,9 @@ By default one greedy completion per test prompt, so `score` is greedy pass@1 fo
 whose metric is a property of the *distribution* of completions (red-teaming: attack success rate and
 diversity over sampled attacks) sets `eval.samples_per_prompt` and an `eval.temperature` instead. Tasks may
 add metrics through `eval_metrics` (TL;DR: win rate against the reference summaries under a gold reward
-model), and `eval.reference_metrics` adds the two distances to π_ref the TL;DR paper reports.
+model), and `eval.reference_metrics` adds the two distances to π_ref the TL;DR paper reports. A task with
+`exact_metrics` (responses few enough to enumerate) adds metrics of the whole distribution π_θ, given the
+run's `Scoring` (the `enumerable` task: KL to the exact target π*).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from tba.generation import ended_with_eos, generate, response_logits
-from tba.tasks.base import Prompt, accuracy
+from tba.tasks.base import Prompt, Scoring, accuracy
 
 
 @dataclass
@@ -86,8 +88,10 @@ def reference_metrics(policy, reference, c: Completions, pad_id: int, batch_size
     return {"kl_ref": kl_sum / max(tokens, 1.0), "perplexity_ref": sum(perplexities) / max(len(perplexities), 1)}
 
 
-def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None) -> dict[str, float]:
-    """{score: mean reward of the evaluation completions, **task.eval_metrics, **reference_metrics}.
+def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None,
+             scoring: Scoring | None = None) -> dict[str, float]:
+    """{score: mean reward of the evaluation completions, **task.eval_metrics, **reference_metrics,
+    **task.exact_metrics (given `scoring` and `reference`)}.
 
     `cfg` is an EvalConfig. A reward that raises or is not finite scores 0 here: evaluation must not stop a
     run (the searchers count such failures).
@@ -99,6 +103,9 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
     metrics = task_metrics(task, c)
     if cfg.reference_metrics and reference is not None:
         metrics.update(reference_metrics(policy, reference, c, tokenizer.pad_token_id))
+    exact = getattr(task, "exact_metrics", None)
+    if exact is not None and scoring is not None and reference is not None:
+        metrics.update({k: float(v) for k, v in exact(policy, reference, tokenizer, scoring).items()})
     return metrics
 
 

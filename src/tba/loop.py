@@ -32,9 +32,11 @@ from tba.config import RunConfig, save_config
 from tba.evaluate import evaluate
 from tba.metrics import MetricsLogger, buffer_age_mean, run_summary, step_metrics
 from tba.models import save_checkpoint
+from tba.objectives.tb import beta_at
 from tba.progress import GracefulStop, RunProgress
 from tba.seeding import seed_everything
 from tba.state import RunState
+from tba.tasks.base import Scoring
 
 NO_FRESH_WARN_S = 60.0
 """Warn when the trainer has drawn from the buffer this long without a single fresh group (async)."""
@@ -74,6 +76,15 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
     summary["checkpoint"] = str(out / "checkpoint")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def run_scoring(cfg: RunConfig) -> Scoring:
+    """How this run samples and scores responses (for a task's exact evaluation): the trainer's temperature
+    (search.temperature, as tba.build gives it), the search budget and nucleus, and the β of the last update."""
+    t = cfg.tb
+    return Scoring(temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens,
+                   beta=beta_at(cfg.trainer.steps, t.beta_init, t.beta_final, t.beta_decay_end_step,
+                                t.beta_hard_stop_step), top_p=cfg.search.top_p)
 
 
 class Loop:
@@ -154,7 +165,7 @@ class Loop:
         self.consistent = False
         update = trainer.step(draws)
         s.step += 1
-        if s.step % t.sync_every_steps == 0:
+        if t.sync_every_steps and s.step % t.sync_every_steps == 0:  # k = 0: never (searchers keep π_start)
             t_sync = time.perf_counter()
             self.runtime.publish(trainer.weights(), trainer.version)
             self.buffer.mark_sync(s.step)
@@ -196,7 +207,7 @@ class Loop:
         """Evaluate on the held-out prompts and record every metric with the step and training time."""
         t0, train_s = time.perf_counter(), self.train_s()
         metrics = evaluate(self.policy, self.tokenizer, self.task, self.task.test, self.cfg.eval,
-                           reference=self.reference)
+                           reference=self.reference, scoring=run_scoring(self.cfg))
         self.state.evals.append([self.state.step, metrics, train_s])
         self.eval_s += time.perf_counter() - t0
         return metrics

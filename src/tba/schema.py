@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 @dataclass
 class TaskConfig:
     name: str = "arith"
-    """Task: `arith` (offline, reasoning-gym), `reasoning_gym` (any of its datasets), `gsm8k`, `tldr`, `redteam`,
-    or your own:
+    """Task: `arith` (offline, reasoning-gym), `reasoning_gym` (any of its datasets), `enumerable` (exact KL to
+    π*), `gsm8k`, `tldr`, `redteam`, or your own:
     `package.module:factory` or `path/to/file.py:factory`, a function called as factory(**task.options)
     that returns a Task (docs/tasks.md)."""
     options: dict | None = None
     """Keyword arguments for the task's factory (reasoning_gym: dataset, options, seed, instruction, extract;
+    enumerable: symbols, length, modes, seed, decay, height_step, junk_reward;
     tldr: reward models; redteam: victim, classifier; custom)."""
     source: str | None = None
     """gsm8k: hub name (default openai/gsm8k) or a local jsonl/parquet file or directory."""
@@ -241,7 +242,9 @@ class TrainerConfig:
     micro_batch_prompts: int = 8
     """Prompt groups per forward/backward (gradient accumulation groups by prompt, never splits one)."""
     sync_every_steps: int = 1
-    """k: the trainer publishes its weights (with a version) to the searchers every k steps."""
+    """k: the trainer publishes its weights (with a version) to the searchers every k steps. 0 = never: the
+    searchers sample from the starting policy (π_ref, unless model.reference says otherwise) for the whole run,
+    a fixed behaviour policy."""
     weight_decay: float = 0.0
     max_grad_norm: float | None = None
     """None = no clipping (as the paper)."""

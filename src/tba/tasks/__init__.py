@@ -49,6 +49,21 @@ def _reasoning_gym(t):
     return ReasoningGymTask(train_size=t.train_size, test_size=t.test_size, **options)
 
 
+def _enumerable(t):
+    from tba.config import ConfigError
+    from tba.tasks.enumerable import EnumerableTask
+
+    options = dict(t.options or {})
+    allowed = {"symbols", "length", "modes", "seed", "decay", "height_step", "junk_reward"}
+    if set(options) - allowed:
+        raise ConfigError(f"task.options: enumerable takes {', '.join(sorted(allowed))}; "
+                          f"not {sorted(set(options) - allowed)}")
+    try:
+        return EnumerableTask(**options)
+    except ValueError as e:
+        raise ConfigError(f"task.options: {e}") from None
+
+
 def _from_options(spec: str) -> Callable:
     """Tasks whose reward is a model take the data settings (if set) plus `task.options` as arguments."""
 
@@ -65,6 +80,8 @@ TASKS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("arith", _arith, True, "a+b from reasoning-gym with a noisy-teacher SFT start (the default)"),
     TaskSpec("reasoning_gym", _reasoning_gym, False,
              "any reasoning-gym dataset (task.options: dataset, options), its own verifier, for pretrained models"),
+    TaskSpec("enumerable", _enumerable, True,
+             "a few thousand responses and a seeded multi-mode reward: KL to the exact target π* is evaluated"),
     TaskSpec("gsm8k", _gsm8k, False, "GSM8K math word problems, exact-match reward on the final number"),
     TaskSpec("tldr", _from_options("tba.tasks.tldr:TLDRTask"), False,
              "TL;DR summarisation scored by a reward model"),

@@ -10,7 +10,10 @@ Two optional methods serve rewards that are models rather than rules (a reward m
 toxicity classifier): `rewards(prompts, completions, finished)` scores a whole batch at once (one forward
 pass instead of N) and sees whether each response ended with EOS (the TL;DR reward penalises those that did
 not); `eval_metrics(prompts, completions, finished)` adds held-out metrics (win rate, attack success rate,
-diversity) to the mean reward that evaluation always reports.
+diversity) to the mean reward that evaluation always reports. A task whose response space is small enough
+to enumerate may define `exact_metrics(policy, reference, tokenizer, scoring)`: evaluation then hands it the
+models and the run's `Scoring` (how responses are sampled and scored), and it reports properties of the
+whole distribution π_θ rather than of sampled completions (the `enumerable` task: KL to π*).
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ class Prompt:
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How a run samples and scores responses, for a task's `exact_metrics`: log π is of logits ÷ `temperature`
+    (the trainer's log π_θ and the searchers' log π_ref alike), a response has at most `max_new_tokens` tokens
+    (EOS included when it stops), the sampler keeps the `top_p` nucleus, and `beta` is the β of the run's last
+    update (its target π* ∝ π_ref·exp(r/β))."""
+
+    temperature: float
+    max_new_tokens: int
+    beta: float
+    top_p: float = 1.0
+
+
 class Task(Protocol):
     name: str
     train: list[Prompt]
@@ -54,6 +70,8 @@ class Task(Protocol):
     #       Batched reward; used instead of `reward` when present. finished[i]: response i ended with EOS.
     #   def eval_metrics(self, prompts: list[Prompt], completions: list[str], finished: list[bool]) -> dict
     #       Extra held-out metrics {name: float} of the evaluation completions.
+    #   def exact_metrics(self, policy, reference, tokenizer, scoring: Scoring) -> dict
+    #       Metrics of the whole distribution π_θ, computed exactly (every response enumerated).
 
 
 def checked_reward(task: Task, prompt: Prompt, completion: str) -> float:
