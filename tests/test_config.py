@@ -96,6 +96,23 @@ def test_a_cuda_device_without_a_gpu_says_so(monkeypatch):
         resolve_device("cuda:1")
 
 
+def test_a_bare_cuda_device_resolves_to_an_index(monkeypatch):
+    """`model.device=cuda` reached the searcher as torch.device('cuda'), which torch.cuda.set_device rejects
+    (found on the first H100 run: every searcher died at start-up). Resolved devices carry their index."""
+    import torch
+    from torch._utils import _get_device_index
+
+    from tba.models import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    for name, index in (("cuda", 2), ("auto", 2), ("cuda:1", 1)):
+        device = resolve_device(name)
+        assert device == torch.device("cuda", index)
+        assert _get_device_index(device) == index  # what set_device does with it: no ValueError
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
 def test_packaged_recipes_load_by_name_and_a_missing_file_lists_them():
     assert load_config("redteam-smollm2-cpu").task.name == "redteam"
     assert load_config("tldr-pythia.yaml").task.name == "tldr"

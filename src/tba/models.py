@@ -160,13 +160,20 @@ def load_synced(model, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def resolve_device(device: str) -> torch.device:
-    """cpu | cuda | cuda:N | auto (the first GPU if there is one, else the CPU)."""
+    """cpu | cuda | cuda:N | auto (the first GPU if there is one, else the CPU).
+
+    A GPU always comes back with its index (`cuda` → `cuda:<current device>`): `torch.cuda.set_device`, the
+    per-device RNG and the NCCL group all need one, and a bare `cuda` made the searcher's `set_device` raise
+    on the first real GPU run."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} requested but torch sees no CUDA GPU "
                              f"(torch {torch.__version__}); use model.device=cpu")
-    return torch.device(device)
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
 
 
 def train_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
