@@ -86,7 +86,8 @@ class EnumerableTask:
                       for s in strings}
         # the prompt is the alphabet, not empty: with the prompt <bos> alone, a response that starts with <bos>
         # is invisible to the model (causal attention over identical tokens gives identical hidden states, RoPE
-        # or not), so p(·|<bos><bos>) = p(·|<bos>) and π* is out of the model's reach (measured: KL floor 0.65)
+        # or not), so p(·|<bos><bos>) = p(·|<bos>) and π* is out of the model's reach (measured, 4 symbols × 4:
+        # π_θ kept 13 % on responses that start with <bos>, π* 0.3 %)
         self.train = [Prompt(0, self.alphabet, "", {})]
         self.test = [Prompt(0, self.alphabet, "", {})]
 
