@@ -68,6 +68,19 @@ def test_offpolicy_bench_smoke(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_fixed_point_bench_smoke(tmp_path, monkeypatch):
+    results = tmp_path / "fixed_point.md"
+    run_bench("fixed_point", ["--smoke", "--seeds", "0", "--conditions", "k=1", "never, T_b=1.5", "k=1, T_b=0.7 @T=1",
+                              "--objectives", "tb", "tba_prime", "--workers", "2", "--out", str(tmp_path / "out"),
+                              "--results", str(results)], monkeypatch)
+    rows = rows_of(results)
+    assert len(rows) == 6 and all(r["kl"][0][0] == 0 and len(r["kl"]) == 3 for r in rows)  # start, 2, 4
+    assert all(abs(r["policy_mass"] - 1) < 1e-4 for r in rows)
+    text = results.read_text()
+    assert results.with_suffix(".png").is_file() and "| never, T_b=1.5 | tb | 0 |" in text and "torch" in text
+
+
+@pytest.mark.slow
 def test_resume_bench_smoke(monkeypatch, capsys):
     run_bench("resume", ["--smoke"], monkeypatch)
     table = capsys.readouterr().out
