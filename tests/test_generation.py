@@ -223,3 +223,19 @@ def test_sampling_is_reproducible_under_a_fixed_seed(tiny_model, tiny_tokenizer,
     first = _sample(tiny_model, tiny_tokenizer, prompts, num_samples=3, seed=7)
     assert _sample(tiny_model, tiny_tokenizer, prompts, num_samples=3, seed=7) == first
     assert _sample(tiny_model, tiny_tokenizer, prompts, num_samples=3, seed=8) != first
+
+
+def test_the_decode_loop_passes_the_cache_under_the_name_transformers_expects(tiny_model, tiny_tokenizer, prompts,
+                                                                            capfd):
+    """transformers 5.2x renamed `past_key_values` to `cache`; the old name printed a FutureWarning and a
+    logger line on every decode step of a fresh clone's first run (5.17-5.19 know only the old name)."""
+    import inspect
+    import warnings
+
+    from tba.generation import CACHE
+
+    assert CACHE in inspect.signature(type(tiny_model).forward).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _sample(tiny_model, tiny_tokenizer, prompts, num_samples=2, max_new_tokens=4)
+    assert "deprecated" not in capfd.readouterr().err

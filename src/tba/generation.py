@@ -32,6 +32,12 @@ from transformers import AttentionInterface
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+"""The KV cache's name in a model's forward and output: transformers 5.2x renamed `past_key_values` to
+`cache` (the old name still works there, but prints a deprecation warning on every call); 5.17-5.19 know
+only `past_key_values`."""
 
 
 def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +221,7 @@ def generate(
     length = ids.shape[1]
     pos = (mask.cumsum(-1) - 1).clamp_(min=0)  # left padding: positions 0, 1, … from each prompt's first token
     out = _forward(model, input_ids=ids, attention_mask=mask, position_ids=pos)
-    cache = _slot_cache(out.past_key_values, s, length + max_new_tokens)
+    cache = _slot_cache(getattr(out, CACHE), s, length + max_new_tokens)
     logits = out.logits[:, -1].repeat_interleave(s, 0)  # [B, V], B = N·S, prompt-major
     batch = logits.shape[0]
     attn = torch.ones(batch, length + max_new_tokens, dtype=mask.dtype, device=device)
@@ -247,7 +253,7 @@ def generate(
                 rows, token, pos, attn, running = rows[keep], token[keep], pos[keep], attn[keep], running[keep]
             pos = pos + 1
             out = model(input_ids=token[:, None], attention_mask=attn[:, :length + t + 1], position_ids=pos,
-                        past_key_values=cache, use_cache=True)
+                        use_cache=True, **{CACHE: cache})
             logits = out.logits[:, -1]
     ended, tokens, logp = ended.tolist(), tokens.tolist(), logp.tolist() if logprobs else None
     return [(tokens[i][:n], logp[i][:n] if logprobs else []) for i, n in enumerate(ended)]
