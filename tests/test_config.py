@@ -152,3 +152,21 @@ def test_schema_defaults_equal_the_default_recipe():
     differ = {k: (get(recipe, k), get(defaults, k)) for k in keys
               if k not in RECIPE_ONLY and get(recipe, k) != get(defaults, k)}
     assert not differ, f"default recipe value vs schema default: {differ}"
+
+
+def test_every_config_field_has_a_docstring():
+    """The README points to schema.py as the reference of every key: each field carries its own docstring."""
+    import ast
+    import inspect
+
+    import tba.schema
+
+    missing = []
+    for node in ast.parse(inspect.getsource(tba.schema)).body:
+        if isinstance(node, ast.ClassDef):
+            for field_, after in zip(node.body, [*node.body[1:], None], strict=True):
+                documented = (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                              and isinstance(after.value.value, str))
+                if isinstance(field_, ast.AnnAssign) and not documented:
+                    missing.append(f"{node.name}.{field_.target.id}")
+    assert not missing, f"fields without a docstring: {missing}"

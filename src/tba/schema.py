@@ -47,9 +47,13 @@ class TinyModelConfig:
     """The built-in Llama-style model used when `model.policy` is `builtin`."""
 
     hidden_size: int = 128
+    """Width of the residual stream."""
     num_layers: int = 4
+    """Transformer blocks."""
     num_heads: int = 4
+    """Attention heads (as many key/value heads: no grouped-query attention)."""
     intermediate_size: int = 512
+    """Width of each block's SwiGLU MLP."""
     vocab_size: int = 128
     """Upper bound for the locally trained BPE tokenizer."""
 
@@ -60,9 +64,14 @@ class LoraConfig:
     published to searchers and checkpointed. The reference π_ref is the base model (adapters off)."""
 
     enabled: bool = False
+    """Train adapters instead of every weight (needs a hub, directory or GGUF policy)."""
     r: int = 32
+    """Adapter rank."""
     alpha: int = 16
+    """LoRA α: the adapter's update is scaled by α / r."""
     dropout: float = 0.0
+    """PEFT's lora_dropout. No effect in tba's loop: the trainer keeps the policy in eval mode (dropout off,
+    so log π_θ and the searchers' log-probs are of the same deterministic model)."""
     target_modules: str = "all-linear"
     """Comma-separated module names (e.g. q_proj,v_proj) or all-linear."""
 
@@ -78,7 +87,9 @@ class ModelConfig:
     device: str = "cpu"
     """Where the trainer's policy and reference live: cpu | cuda | cuda:N | auto (cuda if available)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    """PEFT LoRA adapters (the `model.lora.*` section)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of the builtin model (used when policy is `builtin`)."""
 
 
 @dataclass
@@ -88,11 +99,15 @@ class SFTConfig:
     steps: int = 1500
     """1500 plateaus the default task's warm start on every seed tried; 1000 left one in five mid-curve."""
     lr: float = 3e-3
+    """Peak learning rate of the warm start (AdamW, linear warm-up then cosine decay to 10 %)."""
     batch_size: int = 64
+    """Demonstrations per SFT step."""
     warmup_steps: int = 50
+    """Linear warm-up steps of the SFT learning rate."""
     cache_dir: str | None = None
     """Where warm-start checkpoints are cached. None = $TBA_CACHE or ~/.cache/tba."""
     log_every_steps: int = 100
+    """Held-out greedy accuracy is measured and printed every this many SFT steps (not part of the cache key)."""
 
 
 @dataclass
@@ -128,14 +143,18 @@ class SearchConfig:
     a torch.distributed broadcast when the trainer is on a GPU. shared | broadcast | object_store force one
     (broadcast: NCCL between GPUs, gloo on CPU; object_store: ray only)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Engine settings when backend is vllm (the `search.vllm.*` section)."""
     temperature: float = 0.7
     """T: sampling temperature; log-probs everywhere are of logits ÷ T, as in the paper."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p, renormalised;
+    log-probs everywhere are of that renormalised distribution. 1.0 = off (full support)."""
     samples_per_prompt: int = 10
     """S: completions generated per prompt (S ≥ K so that dedup still leaves K unique ones)."""
     prompts_per_batch: int = 8
     """Prompts per search iteration (one generate call of prompts × S sequences)."""
     max_new_tokens: int = 32
+    """Longest response in tokens; a response that reaches it without EOS is kept, cut there."""
     num_searchers: int = 1
     """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
     threads: int | None = None
@@ -202,7 +221,9 @@ class TBConfig:
     """VarGrad Trajectory Balance; β anneals linearly (paper §2.4)."""
 
     beta_init: float = 0.05
+    """β at step 0: the reward temperature of the target π* ∝ π_ref·exp(r/β) (smaller = greedier)."""
     beta_final: float = 0.05
+    """β reached at beta_decay_end_step (linear from beta_init), kept from then on."""
     beta_decay_end_step: int | None = None
     """Step at which β reaches beta_final (T_target). None = constant beta_init."""
     beta_hard_stop_step: int | None = None
@@ -228,9 +249,11 @@ class TrainerConfig:
     steps: int = 200
     """U: total trainer (optimizer) steps."""
     lr: float = 2e-5
+    """Peak learning rate (AdamW). Raising k with TB? Lower it (README, "What this says about TB off-policy")."""
     lr_schedule: str = "constant"
     """constant | linear (to 0 at the last step) | wsd (warmup, stable, cosine decay)."""
     warmup_steps: int = 0
+    """Linear warm-up steps from 0 to lr (every schedule)."""
     stable_steps: int | None = None
     """wsd: steps at peak after warmup. None = until the decay phase that ends at `steps`."""
     decay_steps: int = 0
@@ -246,6 +269,7 @@ class TrainerConfig:
     searchers sample from the starting policy (π_ref, unless model.reference says otherwise) for the whole run,
     a fixed behaviour policy."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     max_grad_norm: float | None = None
     """None = no clipping (as the paper)."""
     max_replay_ratio: float | None = None
@@ -269,13 +293,16 @@ class EvalConfig:
     every_steps: int = 50
     """Greedy pass@1 on the held-out prompts every N trainer steps (and at start and end)."""
     max_new_tokens: int = 32
+    """Longest evaluated response in tokens."""
     batch_size: int = 250
     """Sequences per generation call (prompts × samples)."""
     samples_per_prompt: int = 0
     """0 = one greedy completion per held-out prompt (pass@1). n > 0 = n completions sampled at
     eval.temperature (tasks whose metric is about the distribution, e.g. red-teaming)."""
     temperature: float = 1.0
+    """Sampling temperature when samples_per_prompt > 0 (unused for greedy pass@1)."""
     top_p: float = 1.0
+    """Nucleus threshold when samples_per_prompt > 0 (1.0 = off)."""
     reference_metrics: bool = False
     """Also report KL(π_ref ‖ π_θ) per token and the perplexity under π_ref (the TL;DR paper's metrics)."""
 
@@ -283,8 +310,11 @@ class EvalConfig:
 @dataclass
 class LoggingConfig:
     tensorboard: bool = True
+    """Write RUN_DIR/tensorboard/ (every metrics.jsonl key as a scalar)."""
     wandb: bool = False
+    """Also log to Weights & Biases (pip install 'tba[wandb]'; offline unless you are logged in)."""
     wandb_project: str = "tba"
+    """W&B project name."""
     progress: bool = True
     """Live progress bar (rich) on a terminal; without one, plain progress lines (see plain_every_s)."""
     plain_every_s: float = 30.0
@@ -294,7 +324,9 @@ class LoggingConfig:
 @dataclass
 class RunConfig:
     seed: int = 0
+    """Seeds the trainer, the buffer's draws and every searcher (searcher i: seed + 1000·(i + 1))."""
     output_dir: str = "runs/default"
+    """The run directory: config, metrics, checkpoints, buffer.sqlite, summary.json."""
     objective: str = "tb"
     """tb (VarGrad Trajectory Balance) | dr_grpo | rloo | online_dpo | tba_prime (baselines, docs/objectives.md)."""
     runtime: str = "local"
@@ -306,14 +338,26 @@ class RunConfig:
     threads: int | None = None
     """torch threads of the trainer. None = an equal share of the cores (inline: all cores)."""
     task: TaskConfig = field(default_factory=TaskConfig)
+    """The `task.*` section."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The `model.*` section."""
     sft: SFTConfig = field(default_factory=SFTConfig)
+    """The `sft.*` section (builtin model's warm start)."""
     search: SearchConfig = field(default_factory=SearchConfig)
+    """The `search.*` section (searchers: sampling, processes, weight sync, timeouts)."""
     buffer: BufferConfig = field(default_factory=BufferConfig)
+    """The `buffer.*` section (replay buffer and its sampling rule)."""
     tb: TBConfig = field(default_factory=TBConfig)
+    """The `tb.*` section (β schedule, used by every objective)."""
     baselines: BaselineConfig = field(default_factory=BaselineConfig)
+    """The `baselines.*` section (settings of the comparison objectives)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The `trainer.*` section."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """The `eval.*` section."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """The `checkpoint.*` section."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """The `logging.*` section."""
     ray: RayConfig = field(default_factory=RayConfig)
+    """The `ray.*` section (runtime=ray)."""
