@@ -3,8 +3,12 @@ several runs share the figures; a killed run (no summary.json, last line cut) is
 that is not a run dir is refused with a message. Synthetic metrics only — no training."""
 
 import base64
+import html
 import json
 import re
+from pathlib import Path
+
+import pytest
 
 from tba.cli import main
 from tba.report import FIGURES, report
@@ -101,3 +105,56 @@ def test_a_dir_without_metrics_is_refused_with_its_name(tmp_path, capsys):
     err = capsys.readouterr().err
     assert str(tmp_path / "empty") in err and "metrics.jsonl" in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What each saved figure holds, read back from the figure as it is saved:
+    {file name: (suptitle, {panel title: {line label: (xs, ys)}})}; unlabelled (faint raw) lines are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figures, save = {}, Figure.savefig
+
+    def record(fig, path, *args, **kwargs):
+        panels = {ax.get_title(): {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+                                   for line in ax.lines if not line.get_label().startswith("_")} for ax in fig.axes}
+        figures[Path(path).name] = (fig.get_suptitle(), panels)
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return figures
+
+
+def test_the_wall_clock_score_starts_at_the_start_evaluation(tmp_path, drawn):
+    # summary.json's evals start with (0, 0.25, 0.0): the evaluation before the first update, which has no
+    # metrics line; the logged ones are at steps 10/20/30 = 15/20/25 s
+    report([write_run(tmp_path / "r")], tmp_path / "out", log=lambda _: None)
+    _, panels = drawn["score.png"]
+    (wall,) = [lines["score"] for title, lines in panels.items() if "wall clock" in title]
+    (step,) = [lines["score"] for title, lines in panels.items() if "update" in title]
+    assert wall == ([0.0, 15.0, 20.0, 25.0], [0.25, 0.35, 0.45, 0.55])
+    assert step == ([0.0, 10.0, 20.0, 30.0], [0.25, 0.35, 0.45, 0.55])
+
+
+def test_the_buffer_panel_says_held_for_the_buffer_age_and_drawn_for_the_staleness(tmp_path, drawn):
+    report([write_run(tmp_path / "r")], tmp_path / "out", log=lambda _: None)  # age_mean = step/2, staleness 1.5
+    _, panels = drawn["buffer.png"]
+    age_panels = [(title, lines) for title, lines in panels.items() if "age" in title]
+    assert len(age_panels) == 1
+    title, lines = age_panels[0]
+    assert "held" in title and "drawn" in title
+    assert lines["held (buffer/age_mean)"][1] == [s / 2 for s in range(1, 31)]
+    assert lines["drawn (staleness/mean)"][1] == [1.5] * 30
+    for title, lines in panels.items():  # no panel calls the buffer's age the drawn samples' age
+        assert "drawn" not in title or "drawn (staleness/mean)" in lines
+
+
+def test_each_figure_title_is_printed_once_as_the_page_heading(tmp_path, drawn):
+    page = report([write_run(tmp_path / "r")], tmp_path / "out", log=lambda _: None)
+    text = page.read_text()
+    for fname, title, _ in FIGURES:
+        assert drawn[fname][0] == ""  # no figure title of its own
+        assert text.count(f"<h2>{html.escape(title)}</h2>") == 1

@@ -107,8 +107,8 @@ def rolling(ys: list[float], window: int) -> list[float]:
 WALL, STEP = "wall_clock_s", "step"
 FIGURES = [
     ("score.png", "Held-out score (eval/score)", [
-        ("vs wall clock", "score", WALL, [("eval/score", "score")], False),
-        ("vs update (with step 0 from summary.json)", "score", STEP, [("eval/score", "score")], False)]),
+        ("vs wall clock (start evaluation at 0)", "score", WALL, [("eval/score", "score")], False),
+        ("vs update (step 0: the start evaluation)", "score", STEP, [("eval/score", "score")], False)]),
     ("reward.png", "Train reward (searcher/reward_mean, rolling mean; raw faint)", [
         ("vs wall clock", "reward", WALL, [("searcher/reward_mean", "reward")], False),
         ("vs update", "reward", STEP, [("searcher/reward_mean", "reward")], False)]),
@@ -117,7 +117,8 @@ FIGURES = [
         ("per-update max", "versions behind", STEP, [("staleness/max", "max")], False)]),
     ("buffer.png", "Replay buffer", [
         ("size", "samples", STEP, [("buffer/size", "size")], False),
-        ("age of drawn samples (mean)", "updates", STEP, [("buffer/age_mean", "age mean")], False),
+        ("mean sample age: held vs drawn", "versions behind the trainer", STEP,
+         [("buffer/age_mean", "held (buffer/age_mean)"), ("staleness/mean", "drawn (staleness/mean)")], False),
         ("online-draw share", "fraction", STEP, [("buffer/online_fraction", "online share")], False)]),
     ("throughput.png", "Throughput", [
         ("busy fractions", "fraction of time busy", STEP,
@@ -135,12 +136,16 @@ SMOOTHED = {"searcher/reward_mean", "trainer/loss"}  # noisy per step: rolling m
 STYLES = ["-", "--", ":", "-."]
 
 
-def _with_summary_evals(run: Run, xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
-    """summary.json's evals add the evaluation before the first update (step 0), which has no metrics line."""
+def _with_summary_evals(run: Run, xs: list[float], ys: list[float], x: str) -> tuple[list[float], list[float]]:
+    """summary.json's evals (step, score, training seconds) add the evaluation before the first update, which
+    has no metrics line: at step 0 on the update axis, at 0 on the wall-clock axis (it ran before the first
+    update; its own wall-clock time is not recorded). A run without summary.json (running or killed) has it
+    only in its checkpoint, so there the curves start at the first logged evaluation."""
     points = dict(zip(xs, ys, strict=True))
     for ev in (run.summary or {}).get("evals") or []:
         if isinstance(ev, list | tuple) and len(ev) >= 2 and _num(ev[0]) is not None and _num(ev[1]) is not None:
-            points.setdefault(float(ev[0]), float(ev[1]))
+            if x == STEP or ev[0] == 0:
+                points.setdefault(float(ev[0]) if x == STEP else 0.0, float(ev[1]))
     return sorted(points), [points[k] for k in sorted(points)]
 
 
@@ -149,7 +154,7 @@ def _wall_unit(runs: list[Run]) -> tuple[float, str]:
     return (3600.0, "h") if top > 3 * 3600 else (60.0, "min") if top > 180 else (1.0, "s")
 
 
-def plot_figure(plt, runs: list[Run], title: str, panels: list, path: Path) -> None:
+def plot_figure(plt, runs: list[Run], panels: list, path: Path) -> None:
     present = lambda k: any(k in row for r in runs for row in r.rows)  # noqa: E731
     panels = [p for p in panels if p[0] not in OPTIONAL_PANELS or any(present(k) for k, _ in p[3])]
     scale, unit = _wall_unit(runs)
@@ -161,8 +166,8 @@ def plot_figure(plt, runs: list[Run], title: str, panels: list, path: Path) -> N
             color = colors[i % len(colors)]
             for j, (key, label) in enumerate(keys):
                 xs, ys = series(run, key, x)
-                if key == "eval/score" and x == STEP:
-                    xs, ys = _with_summary_evals(run, xs, ys)
+                if key == "eval/score":
+                    xs, ys = _with_summary_evals(run, xs, ys, x)
                 if not xs:
                     continue
                 if x == WALL:
@@ -191,8 +196,7 @@ def plot_figure(plt, runs: list[Run], title: str, panels: list, path: Path) -> N
         ax.grid(True, alpha=0.3)
         if drawn and (len(runs) > 1 or len(keys) > 1):
             ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout()  # no suptitle: the page's heading above the image names the figure
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -276,7 +280,7 @@ def report(run_dirs: list[Path], out: Path, log=print) -> Path:
             log(f"{r.path}: no summary.json — running or killed, last step {int(r.rows[-1]['step'])}")
     figures = []
     for fname, title, panels in FIGURES:
-        plot_figure(plt, runs, title, panels, out / fname)
+        plot_figure(plt, runs, panels, out / fname)
         figures.append((title, out / fname))
     page = out / "report.html"
     page.write_text(render_html(runs, figures), encoding="utf-8")
