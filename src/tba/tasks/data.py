@@ -4,15 +4,35 @@ Training machines are often offline, so every dataset-backed task accepts either
 `datasets`) or a local path: a jsonl/json/parquet file, a directory holding `{split}.jsonl` (or `.json`,
 `.parquet`), or a Hub snapshot directory with `**/{split}-*.parquet` shards. A row with a missing or empty
 field fails before training, naming the row, rather than becoming an empty prompt.
+
+Every such failure is the user's data, not a bug, so it is a `DataLoadError` (the CLI prints it as one line):
+the base class for a file that cannot be parsed or a row that lacks a field, `DataNotFoundError` for a local
+path that is not there, `DataUnreachableError` for a Hub name that cannot be loaded. The two subclasses are
+also a FileNotFoundError / RuntimeError, the types these errors had before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import NoReturn
 
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+class DataLoadError(ValueError):
+    """A data source that cannot be read or parsed; the message names the source and, where there is one, the
+    row or line and the field."""
+
+
+class DataNotFoundError(DataLoadError, FileNotFoundError):
+    """A local data path (file, or `{split}` file in a directory) that does not exist."""
+
+
+class DataUnreachableError(DataLoadError, RuntimeError):
+    """A Hub dataset name that could not be loaded (offline, unreachable or unknown) and is no local path."""
 
 
 def local_files(source: str, split: str, task: str) -> list[Path] | None:
@@ -27,12 +47,12 @@ def local_files(source: str, split: str, task: str) -> list[Path] | None:
         found = [path / f"{split}{suffix}" for suffix in LOCAL_SUFFIXES if (path / f"{split}{suffix}").is_file()]
         found = found[:1] or sorted(path.glob(f"**/{split}-*.parquet"))
         if not found:
-            raise FileNotFoundError(f"{task}: no {split}.jsonl, {split}.json, {split}.parquet or "
+            raise DataNotFoundError(f"{task}: no {split}.jsonl, {split}.json, {split}.parquet or "
                                     f"{split}-*.parquet shards in directory {path}")
         return found
     if path.suffix in LOCAL_SUFFIXES:
         if not path.is_file():
-            raise FileNotFoundError(f"{task}: data file {path} does not exist")
+            raise DataNotFoundError(f"{task}: data file {path} does not exist")
         return [path]
     return None
 
@@ -84,12 +104,27 @@ def json_problem(path: Path) -> str | None:
 
 
 def _raise_json_problem(files: list[Path], task: str, error: Exception) -> NoReturn:
-    """`datasets` failed to read local JSON `files` with `error`: raise a ValueError naming the file and line."""
+    """`datasets` failed to read local JSON `files` with `error`: a DataLoadError naming the file and line."""
     for path in files:
         if problem := json_problem(path):
-            raise ValueError(f"{task}: {path} {problem}") from error
-    raise ValueError(f"{task}: could not read {', '.join(map(str, files))} as JSON lines or a JSON array of "
+            raise DataLoadError(f"{task}: {path} {problem}") from error
+    raise DataLoadError(f"{task}: could not read {', '.join(map(str, files))} as JSON lines or a JSON array of "
                      f"objects ({type(error).__name__}: {error})") from error
+
+
+@contextlib.contextmanager
+def _quiet(datasets):
+    """No progress bar and no log lines from `datasets` while it reads a local file: for a file it cannot parse
+    it logs its own error line (without the line number), and the DataLoadError raised instead says it all."""
+    verbosity, bars = datasets.utils.logging.get_verbosity(), not datasets.are_progress_bars_disabled()
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.utils.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], hub_config: str | None = None,
@@ -97,7 +132,7 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
     """(rows, where): the first `size` rows (all if None) of `split`, only `fields`, each checked to be a
     non-empty string. `where` names the file or dataset, for the caller's own row checks.
 
-    An unreachable Hub becomes a RuntimeError that says how to pass a local copy (`local_hint`), since the
+    An unreachable Hub becomes a DataUnreachableError that says how to pass a local copy (`local_hint`), since the
     raw `datasets` error does not.
     """
     import datasets  # deferred: importing datasets costs ~1 s, which callers of a reward need not pay
@@ -106,10 +141,12 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
     if local is not None:
         builder = LOCAL_SUFFIXES.get(local[0].suffix, "parquet")
         try:
-            ds = datasets.load_dataset(builder, data_files=[str(p) for p in local], split="train")
+            with _quiet(datasets):
+                ds = datasets.load_dataset(builder, data_files=[str(p) for p in local], split="train")
         except Exception as e:
             if builder != "json":
-                raise
+                raise DataLoadError(f"{task}: could not read {', '.join(map(str, local))} as parquet "
+                                    f"({type(e).__name__}: {e})") from e
             _raise_json_problem(local, task, e)
         where = str(local[0]) if len(local) == 1 else f"{local[0].parent} ({split}-*.parquet)"
     else:
@@ -117,7 +154,7 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
             ds = datasets.load_dataset(source, hub_config, split=split)
         # ConnectionError, OfflineModeIsEnabled, DatasetNotFoundError...: to the user they all mean the same
         except Exception as e:
-            raise RuntimeError(
+            raise DataUnreachableError(
                 f"{task}: could not load {source!r} (split {split!r}) from the Hugging Face Hub, which looks "
                 f"unreachable ({type(e).__name__}: {e}); no local path {source!r} exists either. Pass a local "
                 f"copy instead: {local_hint}. Set HF_HUB_OFFLINE=1 to skip Hub retries."
@@ -125,7 +162,7 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
         where = f"{source} ({split})"
     for name in fields:
         if name not in ds.column_names:
-            raise ValueError(f"{task} row 0 of {where}: missing field {name!r} (columns: {ds.column_names})")
+            raise DataLoadError(f"{task} row 0 of {where}: missing field {name!r} (columns: {ds.column_names})")
     ds = ds.select_columns(list(fields))  # the Hub datasets may carry large columns the task never reads
     if size is not None:
         ds = ds.select(range(min(size, len(ds))))
@@ -139,7 +176,7 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
         for name in fields:
             value = row.get(name)
             if value is None:
-                raise ValueError(f"{task} row {i} of {where}: missing field {name!r}")
+                raise DataLoadError(f"{task} row {i} of {where}: missing field {name!r}")
             if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{task} row {i} of {where}: field {name!r} must be a non-empty string")
+                raise DataLoadError(f"{task} row {i} of {where}: field {name!r} must be a non-empty string")
     return rows, where

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from tba.tasks.base import Prompt
-from tba.tasks.data import load_split
+from tba.tasks.data import DataLoadError, load_split
 
 PROMPT_TEMPLATE = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 
@@ -43,7 +43,7 @@ def load_rows(source: str, split: str) -> list[dict]:
         "or .parquet)"))
     for i, row in enumerate(rows):
         if extract_answer(row["answer"]) is None:
-            raise ValueError(f"gsm8k row {i} of {where}: gold answer has no number: {row['answer']!r}")
+            raise DataLoadError(f"gsm8k row {i} of {where}: gold answer has no number: {row['answer']!r}")
     return rows
 
 
