@@ -1,6 +1,7 @@
 """Bad input never corrupts a run: rewards that raise or are not finite are dropped and counted, prompts over
 the length limit are skipped or truncated and counted. (Non-finite losses: tests/test_trainer.py; malformed
-dataset rows: tests/tasks/test_gsm8k.py; bad config keys: tests/test_config.py; unwritable output dir and a
+dataset rows: tests/tasks/test_gsm8k.py; a dataset that cannot be read, printed as one line: tests/test_cli.py,
+tests/tasks/test_data.py; bad config keys: tests/test_config.py; unwritable output dir and a
 full disk: tests/test_resume.py, tests/test_checkpoint.py, tests/test_store.py.)"""
 
 import json

@@ -2,13 +2,16 @@
 `tba export RUN_DIR OUT_DIR`, `tba report RUN_DIR [RUN_DIR ...] [--out DIR]`.
 
 The config (embedded default recipe when no file is given) is loaded and validated before anything heavy
-is imported, so a typo costs a second, not a model build.
+is imported, so a typo costs a second, not a model build. An error the user can cause (config, data, model,
+run directory, checkpoint, buffer, export, report) is printed as one line, `tba: <Error>: <message>`; anything
+else is a bug and keeps its traceback. `--debug` (or env TBA_DEBUG=1) shows the traceback of both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,14 +26,107 @@ tba export RUN_DIR OUT_DIR                                the run's policy as a 
 tba report RUN_DIR [RUN_DIR ...] [--out DIR]              figures + one self-contained report.html (runs overlaid)"""
 
 
-def buffer_command(action: str, run_dir: str, limit: int | None) -> int:
-    from tba.store import BufferStore, StoreError
+# The errors a user can cause: (module, class, exit code, what the line calls it; None = the class name).
+# The class is looked up in sys.modules, not imported: whatever raised it has imported its module, and naming
+# an error must not cost the torch import of the modules that define most of these.
+USER_ERRORS = [
+    ("tba.config", "ConfigError", 2, "config error"),
+    ("tba.rundir", "RunDirError", 2, ""),  # its message starts with the run directory
+    ("tba.tasks.data", "DataLoadError", 1, None),
+    ("tba.models", "ModelLoadError", 1, None),
+    ("tba.runtime.base", "SearcherError", 1, None),
+    ("tba.checkpoint", "CheckpointError", 1, None),
+    ("tba.store", "StoreError", 1, None),
+    ("tba.export", "ExportError", 1, None),
+    ("tba.report", "ReportError", 1, None),
+]
+
+
+def user_error(error: BaseException) -> tuple[int, str] | None:
+    """(exit code, the one line to print) for an error the user caused; None for a bug."""
+    for module, name, code, label in USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(error, cls):
+            label = type(error).__name__ if label is None else label
+            return code, f"tba: {label}: {error}" if label else f"tba: {error}"
+    return None
+
+
+def log(msg: str) -> None:
+    from tba.progress import console
+
+    console.print(msg, highlight=False, soft_wrap=True)
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    config = None
+    overrides = []
+    for a in args:
+        if "=" not in a and config is None and not overrides:
+            config = a
+        else:
+            overrides.append(a)
+    return config, overrides
+
+
+def load_run_config(ns: argparse.Namespace):
+    """The run's config: CONFIG.yaml (or the embedded default) with overrides, or RUN_DIR/config.yaml on --resume."""
+    config, overrides = _split(ns.args)
+    if ns.resume:
+        if config is not None:
+            raise ConfigError(f"--resume reads {ns.resume}/config.yaml; drop {config} (overrides are fine)")
+        config = str(Path(ns.resume) / "config.yaml")
+        if not Path(config).is_file():
+            raise ConfigError(f"--resume {ns.resume}: no run there (config.yaml missing)")
+        overrides = [f"output_dir={ns.resume}", *overrides]
+    return load_config(config, overrides)
+
+
+def interrupted(cfg) -> int:
+    print(f"tba: interrupted; searchers stopped. Continue with `tba train --resume {cfg.output_dir}`",
+          file=sys.stderr)
+    return 130
+
+
+def train_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    cfg = load_run_config(ns)
+    from tba.loop import train
+    from tba.progress import print_summary
 
     try:
-        store = BufferStore(run_dir, readonly=True)
-    except StoreError as e:
-        print(f"tba: {e}", file=sys.stderr)
-        return 1
+        summary = train(cfg, log=log, resume=bool(ns.resume), overwrite=ns.overwrite)
+    except KeyboardInterrupt:
+        return interrupted(cfg)
+    if summary:
+        print_summary(summary)
+    log(f"run directory: {cfg.output_dir} (summary.json, metrics.jsonl, tensorboard/, checkpoint/; "
+        f"buffer.sqlite and checkpoints/ for `tba train --resume {cfg.output_dir}` and `tba buffer`)")
+    log(f"figures: `tba report {cfg.output_dir}`; a servable model: `tba export {cfg.output_dir} OUT_DIR`")
+    return 0
+
+
+def sft_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    cfg = load_run_config(ns)
+    from tba.build import build_task
+    from tba.sft import warm_start
+
+    if cfg.model.policy != "builtin":
+        raise ConfigError("tba sft currently builds the builtin warm start (model.policy=builtin)")
+    try:
+        path = warm_start(cfg, build_task(cfg), log=log)
+    except KeyboardInterrupt:
+        return interrupted(cfg)
+    log(f"SFT checkpoint: {path}")
+    return 0
+
+
+def buffer_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if len(ns.args) != 2 or ns.args[0] not in ("stats", "dump"):
+        parser.error("usage: tba buffer stats|dump RUN_DIR")
+    (action, run_dir), limit = ns.args, ns.limit
+    from tba.store import BufferStore
+
+    store = BufferStore(run_dir, readonly=True)
     if action == "stats":
         print(json.dumps(store.stats(), indent=1))
         return 0
@@ -60,119 +156,63 @@ def buffer_command(action: str, run_dir: str, limit: int | None) -> int:
     return 0
 
 
-def _split(args: list[str]) -> tuple[str | None, list[str]]:
-    config = None
-    overrides = []
-    for a in args:
-        if "=" not in a and config is None and not overrides:
-            config = a
-        else:
-            overrides.append(a)
-    return config, overrides
+def export_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if len(ns.args) != 2:
+        parser.error("usage: tba export RUN_DIR OUT_DIR")
+    from tba.export import export
+
+    export(ns.args[0], ns.args[1])
+    return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def report_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not ns.args:
+        parser.error("usage: tba report RUN_DIR [RUN_DIR ...] [--out DIR]")
+    from tba.report import report
+
+    runs = [Path(a) for a in ns.args]
+    out = Path(ns.out) if ns.out else runs[0] / "report" if len(runs) == 1 else Path("tba-report")
+    report(runs, out)
+    return 0
+
+
+COMMANDS = {"train": train_command, "sft": sft_command, "buffer": buffer_command, "export": export_command,
+            "report": report_command}
+
+
+def build_parser() -> argparse.ArgumentParser:
     from tba.objectives import OBJECTIVES
     from tba.tasks import TASKS
 
     epilog = ("objectives (objective=...):\n" + "".join(f"  {o.name:<11} {o.summary}\n" for o in OBJECTIVES.values())
               + "tasks (task.name=...; or module:factory for your own, docs/tasks.md):\n"
               + "".join(f"  {t.name:<11} {t.summary}\n" for t in TASKS.values())
-              + "recipes: src/tba/recipes/*.yaml; every key: docs/architecture.md")
+              + "recipes: src/tba/recipes/*.yaml; every config key, documented: src/tba/schema.py")
     parser = argparse.ArgumentParser(prog="tba", usage=USAGE, epilog=epilog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "sft", "buffer", "export", "report"])
+    parser.add_argument("command", choices=list(COMMANDS))
     parser.add_argument("args", nargs="*", help="optional CONFIG.yaml, then key.sub=value overrides")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last complete checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
     parser.add_argument("--limit", type=int, help="buffer dump: at most N groups")
     parser.add_argument("--out", metavar="DIR", help="report: where to write (default RUN_DIR/report, ./tba-report)")
+    parser.add_argument("--debug", action="store_true", default=os.environ.get("TBA_DEBUG", "") not in ("", "0"),
+                        help="print the traceback of every error, also of those a user can cause (env TBA_DEBUG=1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_intermixed_args(argv)
-    if ns.command == "buffer":
-        if len(ns.args) != 2 or ns.args[0] not in ("stats", "dump"):
-            parser.error("usage: tba buffer stats|dump RUN_DIR")
-        return buffer_command(ns.args[0], ns.args[1], ns.limit)
-    if ns.command == "export":
-        if len(ns.args) != 2:
-            parser.error("usage: tba export RUN_DIR OUT_DIR")
-        from tba.checkpoint import CheckpointError
-        from tba.export import ExportError, export
-
-        try:
-            export(ns.args[0], ns.args[1])
-        except (ExportError, CheckpointError) as e:
-            print(f"tba: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-        return 0
-    if ns.command == "report":
-        if not ns.args:
-            parser.error("usage: tba report RUN_DIR [RUN_DIR ...] [--out DIR]")
-        from tba.report import ReportError, report
-
-        runs = [Path(a) for a in ns.args]
-        out = Path(ns.out) if ns.out else runs[0] / "report" if len(runs) == 1 else Path("tba-report")
-        try:
-            report(runs, out)
-        except ReportError as e:
-            print(f"tba: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-        return 0
-    config, overrides = _split(ns.args)
     try:
-        if ns.resume:
-            if config is not None:
-                raise ConfigError(f"--resume reads {ns.resume}/config.yaml; drop {config} (overrides are fine)")
-            config = str(Path(ns.resume) / "config.yaml")
-            if not Path(config).is_file():
-                raise ConfigError(f"--resume {ns.resume}: no run there (config.yaml missing)")
-            overrides = [f"output_dir={ns.resume}", *overrides]
-        cfg = load_config(config, overrides)
-    except ConfigError as e:
-        print(f"tba: config error: {e}", file=sys.stderr)
-        return 2
-
-    from tba.checkpoint import CheckpointError
-    from tba.models import ModelLoadError
-    from tba.progress import console, print_summary
-    from tba.rundir import RunDirError
-    from tba.runtime.base import SearcherError
-    from tba.store import StoreError
-
-    def log(msg: str) -> None:
-        console.print(msg, highlight=False, soft_wrap=True)
-
-    try:
-        if ns.command == "train":
-            from tba.loop import train
-
-            summary = train(cfg, log=log, resume=bool(ns.resume), overwrite=ns.overwrite)
-            if summary:
-                print_summary(summary)
-            log(f"run directory: {cfg.output_dir} (summary.json, metrics.jsonl, tensorboard/, checkpoint/; "
-                f"buffer.sqlite and checkpoints/ for `tba train --resume {cfg.output_dir}` and `tba buffer`)")
-            log(f"figures: `tba report {cfg.output_dir}`; a servable model: `tba export {cfg.output_dir} OUT_DIR`")
-        else:
-            from tba.build import build_task
-            from tba.sft import warm_start
-
-            if cfg.model.policy != "builtin":
-                raise ConfigError("tba sft currently builds the builtin warm start (model.policy=builtin)")
-            path = warm_start(cfg, build_task(cfg), log=log)
-            log(f"SFT checkpoint: {path}")
-    except ConfigError as e:
-        print(f"tba: config error: {e}", file=sys.stderr)
-        return 2
-    except RunDirError as e:
-        print(f"tba: {e}", file=sys.stderr)
-        return 2
-    except (ModelLoadError, SearcherError, CheckpointError, StoreError) as e:
-        print(f"tba: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"tba: interrupted; searchers stopped. Continue with `tba train --resume {cfg.output_dir}`",
-              file=sys.stderr)
-        return 130
-    return 0
+        return COMMANDS[ns.command](ns, parser)
+    except Exception as e:
+        known = user_error(e)
+        if known is None or ns.debug:
+            raise
+        code, line = known
+        print(line, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,84 @@
+"""The CLI prints an error a user can cause as one line, `tba: <Error>: <message>`, with the exit code of its
+kind, and keeps the traceback for bugs; `--debug` / TBA_DEBUG=1 show the traceback anyway. In process (cli.main):
+the data errors below are raised while the task is built, before any model is loaded."""
+
+import pytest
+
+import tba.loop
+from tba.cli import USER_ERRORS, main
+from tba.tasks.data import DataLoadError, DataUnreachableError
+
+
+@pytest.fixture
+def bad_jsonl(tmp_path):
+    """A GSM8K directory whose train.jsonl has a line 2 that is not JSON."""
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = '{"question": "What is 1+1?", "answer": "#### 2"}\n'
+    (data / "train.jsonl").write_text(good + '{"question": "cut mid-write", "answer": \n')
+    (data / "test.jsonl").write_text(good)
+    return data
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_jsonl_line_that_is_not_json_is_one_line_naming_the_file_and_line(tmp_path, bad_jsonl, capsys):
+    code = main(["train", "gsm8k-rho1b", f"task.source={bad_jsonl}", f"output_dir={tmp_path / 'run'}"])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 1
+    assert line.startswith(f"tba: DataLoadError: gsm8k: {bad_jsonl / 'train.jsonl'} line 2 is not valid JSON")
+
+
+def test_a_hub_dataset_that_cannot_be_loaded_offline_is_one_line(tmp_path, offline_hub, capsys):
+    code = main(["train", "gsm8k-rho1b", f"output_dir={tmp_path / 'run'}"])  # task.source: openai/gsm8k
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 1
+    assert line.startswith("tba: DataUnreachableError: gsm8k: could not load 'openai/gsm8k'")
+    assert "task.source=" in line  # says how to pass a local copy
+
+
+def test_a_missing_data_file_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "nowhere.jsonl"
+    assert main(["train", "gsm8k-rho1b", f"task.source={missing}", f"output_dir={tmp_path / 'run'}"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line == f"tba: DataNotFoundError: gsm8k: data file {missing} does not exist"
+
+
+@pytest.mark.parametrize("switch", ["flag", "env"])
+def test_debug_shows_the_traceback_of_a_user_error(tmp_path, bad_jsonl, monkeypatch, switch):
+    args = ["train", "gsm8k-rho1b", f"task.source={bad_jsonl}", f"output_dir={tmp_path / 'run'}"]
+    if switch == "flag":
+        args.append("--debug")
+    else:
+        monkeypatch.setenv("TBA_DEBUG", "1")
+    with pytest.raises(DataLoadError, match="line 2 is not valid JSON"):
+        main(args)
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    def buggy(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(tba.loop, "train", buggy)
+    with pytest.raises(ZeroDivisionError):
+        main(["train", f"output_dir={tmp_path / 'run'}"])
+
+
+def test_every_user_error_the_cli_names_exists():
+    import importlib
+
+    for module, name, code, _ in USER_ERRORS:
+        assert issubclass(getattr(importlib.import_module(module), name), Exception) and code in (1, 2)
+    assert issubclass(DataUnreachableError, RuntimeError)  # what it was before: `except RuntimeError` still works
+
+
+def test_the_help_points_config_keys_to_the_schema(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "src/tba/schema.py" in out and "--debug" in out
