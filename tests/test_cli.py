@@ -82,3 +82,12 @@ def test_the_help_points_config_keys_to_the_schema(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "src/tba/schema.py" in out and "--debug" in out
+
+
+def test_an_interrupted_run_says_how_to_continue_it(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tba.loop, "train", interrupted)
+    assert main(["train", f"output_dir={tmp_path / 'run'}"]) == 130
+    assert f"Continue with `tba train --resume {tmp_path / 'run'}`" in one_error_line(capsys.readouterr().err)
