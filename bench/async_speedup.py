@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from smoke import SMOKE_OVERRIDES
 
+from tba.build import train
 from tba.config import load_config
-from tba.loop import train
 
 ROOT = Path(__file__).resolve().parent
 VARIANTS = {

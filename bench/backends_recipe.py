@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
+from tba.build import train
 from tba.config import load_config
-from tba.loop import train
 
 ROOT = Path(__file__).resolve().parent
 RECIPE = ROOT.parent / "src" / "tba" / "recipes" / "smollm2_arith_cpu.yaml"

@@ -76,8 +76,8 @@ def patch_sampler(sample_temperature: float, report_scoring_logprobs: bool) -> N
 def run_one(job: dict) -> dict:
     import torch
 
+    from tba.build import train
     from tba.config import load_config
-    from tba.loop import train
 
     torch.set_num_threads(1)
     condition = CONDITIONS[job["condition"]]

@@ -39,8 +39,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from tba.build import train
 from tba.config import load_config
-from tba.loop import train
 from tba.models import save_checkpoint, train_tokenizer
 from tba.tasks.base import Prompt
 

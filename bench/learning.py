@@ -24,10 +24,9 @@ from pathlib import Path
 import torch
 from smoke import SMOKE_OVERRIDES
 
-from tba.build import build_models, build_task
+from tba.build import build_models, build_task, train
 from tba.config import load_config
 from tba.evaluate import greedy_accuracy
-from tba.loop import train
 from tba.sft import cache_key, cache_root, train_sft
 
 ROOT = Path(__file__).resolve().parent

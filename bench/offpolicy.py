@@ -37,8 +37,8 @@ OBJECTIVES = list(REGISTRY)  # every registered objective (tba.objectives.OBJECT
 def run_one(job: dict) -> dict:
     import torch
 
+    from tba.build import train
     from tba.config import load_config
-    from tba.loop import train
 
     torch.set_num_threads(1)
     cfg = load_config(job["config"], [f"seed={job['seed']}", f"objective={job['objective']}",

@@ -32,9 +32,9 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
+    from tba.build import train
     from tba.config import load_config
     from tba.evaluate import complete
-    from tba.loop import train
     from tba.models import load_model, load_tokenizer
 
     ap = argparse.ArgumentParser()

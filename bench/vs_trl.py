@@ -69,10 +69,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from tba.build import build_task  # noqa: E402
+from tba.build import (
+    build_task,  # noqa: E402
+    train,  # noqa: E402
+)
 from tba.config import load_config  # noqa: E402
 from tba.evaluate import greedy_accuracy  # noqa: E402
-from tba.loop import train  # noqa: E402
 from tba.sft import warm_start  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent

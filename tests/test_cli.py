@@ -4,7 +4,7 @@ the data errors below are raised while the task is built, before any model is lo
 
 import pytest
 
-import tba.loop
+import tba.build
 from tba.cli import USER_ERRORS, main
 from tba.tasks.data import DataLoadError, DataUnreachableError
 
@@ -64,7 +64,7 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     def buggy(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(tba.loop, "train", buggy)
+    monkeypatch.setattr(tba.build, "train", buggy)
     with pytest.raises(ZeroDivisionError):
         main(["train", f"output_dir={tmp_path / 'run'}"])
 
@@ -88,6 +88,6 @@ def test_an_interrupted_run_says_how_to_continue_it(tmp_path, monkeypatch, capsy
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tba.loop, "train", interrupted)
+    monkeypatch.setattr(tba.build, "train", interrupted)
     assert main(["train", f"output_dir={tmp_path / 'run'}"]) == 130
     assert f"Continue with `tba train --resume {tmp_path / 'run'}`" in one_error_line(capsys.readouterr().err)

@@ -23,69 +23,7 @@ from tba.models import (
     save_checkpoint,
     train_tokenizer,
 )
-
-
-def build_task(cfg: RunConfig, tokenizer=None):
-    """The configured task (tba.tasks.TASKS, or a custom factory); with `task.chat_template` its prompts are
-    wrapped by `tokenizer`'s chat template."""
-    from tba.tasks import make_task
-
-    task = make_task(cfg.task)
-    if cfg.task.chat_template and tokenizer is not None:
-        apply_chat_template(task, tokenizer)
-    return task
-
-
-def apply_chat_template(task, tokenizer) -> None:
-    """Rewrite every prompt as `tokenizer`'s chat rendering of one user turn, ready for the assistant reply."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("task.chat_template=true but the tokenizer has no chat template")
-
-    def wrap(p):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
-                                             add_generation_prompt=True)
-        return dataclasses.replace(p, text=text)
-
-    task.train = [wrap(p) for p in task.train]
-    task.test = [wrap(p) for p in task.test]
-
-
-def fit_prompts(task, tokenizer, limit: int, mode: str) -> dict[str, int]:
-    """Enforce the prompt-length limit on train and test prompts: drop (skip) or keep the last `limit`
-    tokens (truncate — the end holds the question and the answer cue). Returns the counts, for the summary."""
-    counts = {"prompts_too_long": 0, "prompts_truncated": 0}
-
-    def n_tokens(text: str) -> int:
-        return len(tokenizer(text)["input_ids"])
-
-    def fit(p):
-        ids = tokenizer(p.text)["input_ids"]
-        if len(ids) <= limit:
-            return p
-        counts["prompts_too_long"] += 1
-        if mode == "skip":
-            return None
-        cut = len(ids) - limit
-        text = tokenizer.decode(ids[cut:], skip_special_tokens=True)
-        while n_tokens(text) > limit and cut < len(ids):  # re-encoding may add special tokens
-            cut += 1
-            text = tokenizer.decode(ids[cut:], skip_special_tokens=True)
-        counts["prompts_truncated"] += 1
-        return dataclasses.replace(p, text=text)
-
-    task.train = [q for q in (fit(p) for p in task.train) if q is not None]
-    task.test = [q for q in (fit(p) for p in task.test) if q is not None]
-    if not task.train:
-        raise ValueError(f"every train prompt is longer than task.max_prompt_tokens={limit} tokens")
-    return counts
-
-
-def prompt_limit(cfg: RunConfig, policy) -> int:
-    """task.max_prompt_tokens, or the model's context length minus the generation budget."""
-    if cfg.task.max_prompt_tokens is not None:
-        return cfg.task.max_prompt_tokens
-    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
-    return max(1, context - max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens))
+from tba.tasks.prepare import apply_chat_template, build_task, fit_prompts, prompt_limit
 
 
 def build_models(cfg: RunConfig, task, log=print):
@@ -188,40 +126,14 @@ def build_trainer(cfg: RunConfig, policy, reference, tokenizer):
 
 def build_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, sources, version: int = 0,
                   states: list[dict] | None = None, log=print):
-    """The configured runtime around searchers that start from the trainer's current policy.
-
-    `sources`: a tba.runtime.ModelSources; on resume, `version` is the policy version of `policy` and
-    `states` the searchers' checkpointed states."""
-    from tba.models import synced_tensors
-    from tba.runtime.base import restore_searcher
-    from tba.seeding import searcher_seed
+    """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from the trainer's current
+    policy. `sources`: a tba.runtime.base.ModelSources; on resume, `version` is the policy version of `policy`
+    and `states` the searchers' checkpointed states."""
+    from tba.runtime import RUNTIMES
 
     threads = cfg.search.threads or default_threads(cfg.search.num_searchers, cfg.runtime)[1]
-    if cfg.runtime == "offline":
-        from tba.runtime.inline import OfflineRuntime
-
-        return OfflineRuntime()
-    if cfg.runtime == "inline":
-        from tba.runtime.inline import InlineRuntime
-        from tba.samplers import build_sampler
-        from tba.searcher import Searcher
-
-        seed = searcher_seed(cfg.seed, 0)  # the same prompt order as a process searcher of rank 0
-        sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=reference.device, seed=seed,
-                                policy=copy.deepcopy(policy) if cfg.search.backend == "hf" else None)
-        searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed)
-        searcher.version = version
-        restore_searcher(searcher, states[0] if states else None)
-        return InlineRuntime(searcher)
-    kwargs = {"version": version, "states": states, "log": log}
-    initial = {k: v.detach() for k, v in synced_tensors(policy).items()}
-    if cfg.runtime == "local":
-        from tba.runtime.local import LocalRuntime
-
-        return LocalRuntime(cfg, sources, initial, threads, **kwargs)
-    from tba.runtime.ray import RayRuntime
-
-    return RayRuntime(cfg, sources, initial, threads, **kwargs)
+    return RUNTIMES[cfg.runtime].build(cfg, task=task, tokenizer=tokenizer, policy=policy, reference=reference,
+                                       sources=sources, version=version, states=states, log=log, threads=threads)
 
 
 @dataclasses.dataclass
@@ -284,3 +196,52 @@ def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
         return cores, cores
     share = max(1, cores // (num_searchers + 1))
     return share, share
+
+
+def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Compose a run — fresh, or resumed from the newest usable checkpoint of `cfg.output_dir` — and run the
+    loop (tba.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json)."""
+    import json
+    import time
+
+    import torch
+
+    from tba import checkpoint as ckpt
+    from tba import rundir
+    from tba.config import save_config
+    from tba.loop import Loop
+    from tba.metrics import MetricsLogger
+    from tba.seeding import seed_everything
+    from tba.state import RunState
+
+    out = Path(cfg.output_dir)
+    rundir.prepare(out, resume=resume, overwrite=overwrite)
+    resume_from = ckpt.latest(out, log=log) if resume else None
+    checkpoint = ckpt.load(resume_from) if resume_from else {}
+    state = RunState.from_checkpoint(checkpoint)
+    if resume_from is not None and state.step >= cfg.trainer.steps:
+        log(f"{out}: already finished at step {state.step} (trainer.steps={cfg.trainer.steps}); "
+            "pass trainer.steps=N to continue training")
+        return json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+    save_config(cfg, out / "config.yaml")
+    torch.set_num_threads(cfg.threads or default_threads(cfg.search.num_searchers, cfg.runtime)[0])
+    seed_everything(cfg.seed)
+    t_run = time.perf_counter()
+    parts = build_run(cfg, out, resume_from, checkpoint, state, log)
+    if resume_from is not None:
+        state.resumed_at.append(state.step)
+        moved = rundir.set_aside_metrics(out, state.step)
+        log(f"resuming {out} from {resume_from.name} (step {state.step}); "
+            f"{moved} metric lines of the interrupted segment moved to metrics.interrupted.jsonl")
+    logger = MetricsLogger(out, cfg)
+    if resume_from is not None:
+        ckpt.set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
+    run = Loop(cfg, out, parts, logger, state, log, t_run, resumed=resume_from is not None)
+    try:
+        summary = run.run()
+    finally:
+        run.close()
+    save_checkpoint(parts.policy, parts.tokenizer, out / "checkpoint")
+    summary["checkpoint"] = str(out / "checkpoint")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

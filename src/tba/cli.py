@@ -90,7 +90,7 @@ def interrupted(cfg) -> int:
 
 def train_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg = load_run_config(ns)
-    from tba.loop import train
+    from tba.build import train
     from tba.progress import print_summary
 
     try:

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import yaml
 
+from tba.errors import ConfigError  # noqa: F401  (re-exported)
 from tba.objectives import OBJECTIVES
+from tba.runtime import RUNTIMES, TRANSPORTS
+from tba.samplers import SAMPLERS
 from tba.schema import (  # noqa: F401  (re-exported: the dataclasses are imported from tba.config everywhere)
     BaselineConfig,
     BufferConfig,
@@ -39,26 +42,21 @@ from tba.schema import (  # noqa: F401  (re-exported: the dataclasses are import
 )
 from tba.tasks import TASKS
 
-
-class ConfigError(ValueError):
-    """A bad key or value; the message names the dotted key."""
-
-
 CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "objective": tuple(OBJECTIVES),
-    "runtime": ("inline", "local", "ray", "offline"),
+    "runtime": tuple(RUNTIMES),
     "task.long_prompts": ("skip", "truncate"),
     "mode": ("async", "sync"),
-    "search.backend": ("hf", "vllm"),
-    "search.weight_transport": ("auto", "shared", "broadcast", "object_store"),
+    "search.backend": tuple(SAMPLERS),
+    "search.weight_transport": ("auto", *TRANSPORTS),
     "trainer.lr_schedule": ("constant", "linear", "wsd"),
 }
 POSITIVE = {
     "trainer.steps", "trainer.prompts_per_step", "trainer.samples_per_prompt", "trainer.micro_batch_prompts",
     "trainer.lr", "search.samples_per_prompt", "search.prompts_per_batch",
-    "search.max_new_tokens", "search.temperature", "search.heartbeat_timeout_s", "buffer.capacity_per_prompt",
-    "eval.every_steps",
+    "search.max_new_tokens", "search.temperature", "search.heartbeat_timeout_s", "search.heartbeat_floor_s",
+    "buffer.capacity_per_prompt", "eval.every_steps",
     "eval.max_new_tokens", "eval.batch_size", "tb.beta_init", "tb.beta_final", "sft.batch_size", "task.digits",
     "search.num_searchers", "search.ready_timeout_s", "search.collect_timeout_s", "checkpoint.keep",
     "eval.temperature", "model.lora.r", "model.lora.alpha",

@@ -9,73 +9,37 @@
         every N updates: evaluate on held-out prompts; every C updates: checkpoint
 
 The runtime (inline, local processes, Ray, offline; tba.runtime) only decides where searchers run and how
-groups and weights travel; `tba.build` makes every part from the config. This file is the order of
-operations, which is part of the algorithm, and the run's state between steps (tba.state.RunState).
+groups and weights travel; `tba.build` makes every part from the config and `tba.build.train` composes a
+run (fresh or resumed) around this loop. This file is the order of operations, which is part of the
+algorithm, and nothing else: it imports no runtime and nothing that builds one.
 
 Crash-proofing lives at the step boundary: groups are persisted by the buffer before it accepts them, and
-every `checkpoint.every_steps` (and at exit) a full checkpoint is written atomically. `resume=True` rebuilds
+every `checkpoint.every_steps` (and at exit) a full checkpoint is written atomically; a resume rebuilds
 everything from the newest usable checkpoint plus every group accepted after it (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 from tba import checkpoint as ckpt
-from tba import rundir
-from tba.build import build_run, default_threads
+from tba.cadence import Cadence
 from tba.checkpoint import CheckpointError
-from tba.config import RunConfig, save_config
+from tba.config import RunConfig
 from tba.evaluate import evaluate
-from tba.metrics import MetricsLogger, buffer_age_mean, run_summary, step_metrics
-from tba.models import save_checkpoint
+from tba.metrics import buffer_age_mean, run_summary, step_metrics
 from tba.objectives.tb import beta_at
 from tba.progress import GracefulStop, RunProgress
-from tba.seeding import seed_everything
 from tba.state import RunState
 from tba.tasks.base import Scoring
 
 NO_FRESH_WARN_S = 60.0
+"""The aging-buffer warning's cap: an async trainer with no fresh samples for this long says so. Sooner when
+fresh samples usually come faster: after max(NO_FRESH_FLOOR_S, 20 × the slowest recent gap) (tba.cadence)."""
+NO_FRESH_FLOOR_S = 5.0
 """Warn when the trainer has drawn from the buffer this long without a single fresh group (async)."""
-
-
-def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = False) -> dict:
-    import torch
-
-    out = Path(cfg.output_dir)
-    rundir.prepare(out, resume=resume, overwrite=overwrite)
-    resume_from = ckpt.latest(out, log=log) if resume else None
-    checkpoint = ckpt.load(resume_from) if resume_from else {}
-    state = RunState.from_checkpoint(checkpoint)
-    if resume_from is not None and state.step >= cfg.trainer.steps:
-        log(f"{out}: already finished at step {state.step} (trainer.steps={cfg.trainer.steps}); "
-            "pass trainer.steps=N to continue training")
-        return json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
-    save_config(cfg, out / "config.yaml")
-    torch.set_num_threads(cfg.threads or default_threads(cfg.search.num_searchers, cfg.runtime)[0])
-    seed_everything(cfg.seed)
-    t_run = time.perf_counter()
-    parts = build_run(cfg, out, resume_from, checkpoint, state, log)
-    if resume_from is not None:
-        state.resumed_at.append(state.step)
-        moved = rundir.set_aside_metrics(out, state.step)
-        log(f"resuming {out} from {resume_from.name} (step {state.step}); "
-            f"{moved} metric lines of the interrupted segment moved to metrics.interrupted.jsonl")
-    logger = MetricsLogger(out, cfg)
-    if resume_from is not None:
-        ckpt.set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
-    run = Loop(cfg, out, parts, logger, state, log, t_run, resumed=resume_from is not None)
-    try:
-        summary = run.run()
-    finally:
-        run.close()
-    save_checkpoint(parts.policy, parts.tokenizer, out / "checkpoint")
-    summary["checkpoint"] = str(out / "checkpoint")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
 
 
 def run_scoring(cfg: RunConfig) -> Scoring:
@@ -101,7 +65,8 @@ class Loop:
         self.consistent = True  # False while an update is half applied: no exit checkpoint then
         self.started = False  # searchers started: only then is there anything to checkpoint at exit
         self.eval_s, self.t_train, self.t_loop, self.busy_before = 0.0, t_run, t_run, state.busy_s
-        self.warned_dropped, self.last_fresh, self.warned_no_fresh = 0, time.monotonic(), False
+        self.warned_dropped, self.warned_no_fresh = 0, False
+        self.freshness = Cadence(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)  # gaps between fresh samples, from prefill
 
     # ---- the algorithm -------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -114,6 +79,7 @@ class Loop:
         self.started = True
         self.t_train, self.eval_s = time.perf_counter(), 0.0  # eval_s: evaluation time, excluded from train_s
         self.prefill()
+        self.freshness.start()  # the aging-buffer clock runs from the first update on
         self.t_loop, self.busy_before = time.perf_counter(), s.busy_s
         shown = self.cfg.logging
         progress_bar = RunProgress(t.steps, enabled=shown.progress, start=s.step, plain_every_s=shown.plain_every_s)
@@ -219,16 +185,21 @@ class Loop:
         return "eval " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
     def watch_freshness(self, fresh: bool) -> None:
-        """An async trainer never waits for samples: say so when it keeps training on an aging buffer."""
+        """An async trainer never waits for samples: say so when it keeps training on an aging buffer, on the
+        run's own time scale (the limit is learnt from the gaps between fresh samples so far)."""
+        clock = self.freshness
+        clock.cap_s = NO_FRESH_WARN_S
         if fresh or not self.runtime.searchers:
-            self.last_fresh, self.warned_no_fresh = time.monotonic(), False
+            clock.tick()
+            self.warned_no_fresh = False
             return
-        quiet = time.monotonic() - self.last_fresh
-        if quiet >= NO_FRESH_WARN_S and not self.warned_no_fresh:
+        quiet = clock.overdue_s()
+        if quiet is not None and not self.warned_no_fresh:
             age = buffer_age_mean(self.buffer, self.trainer.version)
-            self.log(f"warning: no fresh samples for {quiet:.0f}s — training on an aging buffer (mean sample age "
-                     f"{age:.1f} versions). A searcher silent for "
-                     f"search.heartbeat_timeout_s={self.cfg.search.heartbeat_timeout_s:.0f}s is restarted")
+            self.log(f"warning: no fresh samples for {quiet:.0f}s ({clock.explain('cap', 'floor')}) — training "
+                     f"on an aging buffer (mean sample age {age:.1f} versions). A searcher silent past its "
+                     f"heartbeat (learnt from its batch times, at most search.heartbeat_timeout_s="
+                     f"{self.cfg.search.heartbeat_timeout_s:.0f}s) is restarted")
             self.warned_no_fresh = True
 
     def warn_dropped(self, report) -> None:

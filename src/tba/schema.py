@@ -164,9 +164,13 @@ class SearchConfig:
     collect_timeout_s: float = 600.0
     """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
     heartbeat_timeout_s: float = 300.0
-    """A searcher that has been asked for samples (async: always) and delivers no batch for this long is treated
-    as failed: killed and restarted like a crash (counts against max_restarts). Must exceed the slowest
-    legitimate batch."""
+    """The longest a searcher that owes a batch (async: always; sync: once asked) may stay silent before it is
+    treated as failed: killed and restarted like a crash (counts against max_restarts). The limit in force is
+    learnt from that searcher's own batches, min(this, max(heartbeat_floor_s, 20 × its slowest of the last
+    16)), so a hang is caught on the run's own time scale (tba.cadence); this cap alone applies until its
+    first batch arrives, and must exceed the slowest legitimate first batch."""
+    heartbeat_floor_s: float = 10.0
+    """The learnt heartbeat limit is never shorter than this (scheduling jitter on a busy machine is not a hang)."""
     num_cpus: float = 1.0
     """ray: CPUs each searcher actor declares."""
     num_gpus: float = 0.0

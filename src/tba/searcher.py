@@ -20,7 +20,7 @@ import torch
 
 from tba.config import SearchConfig
 from tba.generation import ended_with_eos, response_logprobs
-from tba.samplers import Sampler
+from tba.samplers.base import Sampler
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.types import Group, Sample
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tba.buffer import Draw
+from tba.build import train
 from tba.config import ConfigError, TBConfig, TinyModelConfig, TrainerConfig, load_config
 from tba.generation import generate
-from tba.loop import train
 from tba.models import build_tiny_model, train_tokenizer
 from tba.objectives import OBJECTIVES
 from tba.tasks import TASKS, make_task

@@ -7,6 +7,7 @@ against it only, so it reads the same on one process, several local processes, o
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,12 +74,12 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     trainer last heard from it; `version` is the policy version of the weights in `sources.policy`.
     """
     torch.set_num_threads(threads)
-    from tba.build import build_task, fit_prompts, prompt_limit
     from tba.config import from_dict
     from tba.models import load_model, load_tokenizer, resolve_device
     from tba.samplers import build_sampler
     from tba.searcher import Searcher
     from tba.seeding import searcher_seed, seed_everything
+    from tba.tasks.prepare import build_task, fit_prompts, prompt_limit
 
     cfg = from_dict(cfg_dict)
     devices = (cfg.search.device or cfg.model.device).split(",")
@@ -118,21 +119,56 @@ def worker_state(searcher) -> dict:
     return {**searcher.state_dict(), "rng": rng_state()}
 
 
-def worker_report(per_searcher: dict[int, dict], states: list[dict | None], placement: list[dict],
+@dataclass
+class WorkerStats:
+    """What a searcher worker (process or actor) sends with each batch: the trainer's view of it."""
+
+    rank: int
+    version: int
+    """Policy version of the weights it generated the batch with."""
+    samples: int
+    busy_s: float
+    """Seconds spent generating (and scoring) since the worker started."""
+    alive_s: float
+    sync_s: float
+    """Seconds spent loading published weights."""
+    generate_s: float
+    """Seconds inside the sampler: tokens / generate_s is its tokens/s."""
+    loads: int
+    state: dict
+    """`worker_state`: prompt cursor, counters, RNG — what a restart resumes from."""
+    reward_error: str | None
+
+    @classmethod
+    def of(cls, searcher, rank: int, t_start: float, busy_s: float, sync_s: float) -> WorkerStats:
+        return cls(rank=rank, version=searcher.version, samples=searcher.samples_generated, busy_s=busy_s,
+                   alive_s=time.perf_counter() - t_start, sync_s=sync_s, generate_s=searcher.generate_s,
+                   loads=searcher.loads, state=worker_state(searcher), reward_error=searcher.last_reward_error)
+
+
+def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None], placement: list[dict],
                   restarts: int) -> RuntimeReport:
-    """The report of a runtime whose searchers send stats with each batch (local processes, Ray actors)."""
+    """The report of a runtime whose searchers send `WorkerStats` with each batch (processes, Ray actors)."""
     s = [per_searcher[rank] for rank in sorted(per_searcher)]
     stats = {"searcher/restarts": restarts}
     if s:
         stats.update({
-            "searcher/samples": sum(x["samples"] for x in s),
-            "searcher/version_min": min(x["version"] for x in s),
-            "searcher/busy_fraction": sum(x["busy"] for x in s) / max(sum(x["alive_s"] for x in s), 1e-9),
-            "searcher/tokens": sum(x["state"]["tokens_generated"] for x in s),
-            "searcher/generate_s": sum(x["generate_s"] for x in s),
-            "sync/searcher_load_s": sum(x["sync_s"] for x in s),
-            "sync/searcher_loads": sum(x["loads"] for x in s),
-            "searcher/rewards_dropped": sum(x["state"]["rewards_dropped"] for x in s),
+            "searcher/samples": sum(x.samples for x in s),
+            "searcher/version_min": min(x.version for x in s),
+            "searcher/busy_fraction": sum(x.busy_s for x in s) / max(sum(x.alive_s for x in s), 1e-9),
+            "searcher/tokens": sum(x.state["tokens_generated"] for x in s),
+            "searcher/generate_s": sum(x.generate_s for x in s),
+            "sync/searcher_load_s": sum(x.sync_s for x in s),
+            "sync/searcher_loads": sum(x.loads for x in s),
+            "searcher/rewards_dropped": sum(x.state["rewards_dropped"] for x in s),
         })
-    reward_error = next((x["reward_error"] for x in s if x.get("reward_error")), None)  # lowest rank first
+    reward_error = next((x.reward_error for x in s if x.reward_error), None)  # lowest rank first
     return RuntimeReport(stats, list(states), placement, reward_error)
+
+
+def initial_weights(policy) -> dict[str, torch.Tensor]:
+    """The trainer's current synced tensors (no copy): what a worker runtime publishes before any searcher
+    starts, so that every searcher begins from the trainer's policy whatever its model sources hold."""
+    from tba.models import synced_tensors
+
+    return {k: v.detach() for k, v in synced_tensors(policy).items()}

@@ -43,7 +43,7 @@ import torch
 from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
 
 from tba.runtime.base import SearcherError
-from tba.runtime.transport import WeightLayout
+from tba.runtime.layout import WeightLayout
 
 POLL_S = 0.02
 """How often an idle receiver checks the store for an announcement or a new epoch."""

@@ -67,3 +67,26 @@ class OfflineRuntime:
 
     def stop(self) -> None:
         pass
+
+
+def build_inline(cfg, *, task, tokenizer, policy, reference, sources, version, states, **_) -> InlineRuntime:
+    """`runtime=inline` (tba.runtime.RUNTIMES): one searcher in the trainer's process, sampling with a copy of
+    the trainer's policy (hf) and walking the prompts in the order a process searcher of rank 0 would."""
+    import copy
+
+    from tba.runtime.base import restore_searcher
+    from tba.samplers import build_sampler
+    from tba.seeding import searcher_seed
+
+    seed = searcher_seed(cfg.seed, 0)
+    sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=reference.device, seed=seed,
+                            policy=copy.deepcopy(policy) if cfg.search.backend == "hf" else None)
+    searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed)
+    searcher.version = version
+    restore_searcher(searcher, states[0] if states else None)
+    return InlineRuntime(searcher)
+
+
+def build_offline(cfg, **_) -> OfflineRuntime:
+    """`runtime=offline` (tba.runtime.RUNTIMES): no searchers; the loop trains on the restored buffer."""
+    return OfflineRuntime()

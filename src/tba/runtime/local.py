@@ -17,8 +17,9 @@ liveness polled). A child that raises (its traceback is sent) or dies (kill -9, 
 check) is restarted from its last reported prompt cursor and the newest weights while training goes on, up
 to `search.max_restarts` per run; one more failure raises SearcherError with the traceback. So is a searcher
 that is alive but silent (hung, deadlocked, SIGSTOPped): one that owes a batch — async: always, sync: once
-asked — and delivers none for `search.heartbeat_timeout_s` is killed and restarted the same way; a restarted
-one has `search.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry
+asked — and stays silent past its heartbeat (learnt from its own batch times, capped by
+`search.heartbeat_timeout_s`; tba.runtime.supervision) is killed and restarted the same way; a restarted one has
+`search.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry
 (rank, incarnation) so a dead child's late error is not counted twice; its groups are still kept. With
 `broadcast`, the replacement joins a new group that the trainer forms with every searcher (see broadcast.py).
 Stop → event, join, terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns shutdown)
@@ -38,14 +39,8 @@ import torch
 import torch.multiprocessing as mp
 
 from tba.config import RunConfig, to_dict
-from tba.runtime.base import (
-    ModelSources,
-    RuntimeReport,
-    SearcherError,
-    build_searcher,
-    worker_report,
-    worker_state,
-)
+from tba.runtime.base import ModelSources, SearcherError, WorkerStats, build_searcher, initial_weights
+from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
 from tba.types import Group
 
@@ -71,10 +66,7 @@ def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, weights
             sync_s += receiver.poll(searcher)
             groups = searcher.step()
             busy += searcher.last_step_s
-            stats = {"rank": rank, "version": searcher.version, "samples": searcher.samples_generated,
-                     "busy": busy, "alive_s": time.perf_counter() - t_start, "sync_s": sync_s,
-                     "generate_s": searcher.generate_s, "loads": searcher.loads,
-                     "state": worker_state(searcher), "reward_error": searcher.last_reward_error}
+            stats = WorkerStats.of(searcher, rank, t_start, busy, sync_s)
             while not stop.is_set() and os.getppid() == parent_pid:  # a full queue whose trainer died: exit
                 try:
                     out_q.put(("groups", tag, (groups, stats)), timeout=0.5)
@@ -88,10 +80,11 @@ def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, weights
             receiver.close()
 
 
-class LocalRuntime:
+class LocalRuntime(WorkerRuntime):
     def __init__(self, cfg: RunConfig, sources: ModelSources, initial_weights: dict[str, torch.Tensor],
                  threads_per_searcher: int, *, version: int = 0, states: list[dict] | None = None, log=print):
-        self.cfg, self.sources, self.threads, self.log = cfg, sources, threads_per_searcher, log
+        super().__init__(cfg, states, log)
+        self.sources, self.threads = sources, threads_per_searcher
         self.n = cfg.search.num_searchers
         self.sync = cfg.mode == "sync"
         self._initial, self._initial_version = initial_weights, version
@@ -102,15 +95,7 @@ class LocalRuntime:
         self.transport = None
         self._procs: list = []
         self._incarnation = [0] * self.n
-        self._states: list[dict | None] = list(states) if states else [None] * self.n
-        self._stats: dict[int, dict] = {}
-        self._placement: list[dict] = []
-        self.restarts = 0
-        # heartbeat (search.heartbeat_timeout_s): since when each rank owes a batch (None = owes none / starting),
-        # how many batches it owes in sync mode, and since when a restarted rank has been starting up
-        self._expecting_since: list[float | None] = [None] * self.n
-        self._owed = [0] * self.n
-        self._starting_since: list[float | None] = [None] * self.n
+        self._owed = [0] * self.n  # sync mode: batches each rank has been asked for and not yet delivered
 
     def start(self) -> None:
         ctx = self._ctx = mp.get_context("spawn")
@@ -164,24 +149,16 @@ class LocalRuntime:
 
     def _restart(self, rank: int, why: str) -> None:
         """Replace a failed searcher (same shard, from its last reported cursor), or stop the run past the limit."""
-        limit = self.cfg.search.max_restarts
-        if self.restarts >= limit:
-            raise SearcherError(f"searcher {rank} {why}\nrestart limit reached (search.max_restarts={limit}, "
-                                f"{self.restarts} restarts so far): stopping the run")
-        self.restarts += 1
+        self.supervisor.charge(rank, why)
         old = self._procs[rank]
         if old.is_alive():
             old.kill()
         old.join(timeout=5)
         self._incarnation[rank] += 1
         self.transport.rejoin()
-        self.log(f"searcher {rank} {why.splitlines()[0] if why else ''} — restarting it "
-                 f"({self.restarts}/{limit} restarts used)")
-        if why and "\n" in why:
-            self.log(why)
         self._procs[rank] = self._spawn(rank)
         self._placement[rank]["pid"] = self._procs[rank].pid
-        self._expecting_since[rank], self._starting_since[rank] = None, time.monotonic()  # timed again once ready
+        self.supervisor.restarted(rank)  # timed by ready_timeout_s, then at a pace learnt anew
         if self.requests[rank] is not None:
             self.requests[rank].release()  # sync mode: the request the dead searcher took is re-issued
 
@@ -190,27 +167,14 @@ class LocalRuntime:
 
         Call with the queue drained: a delivery waiting in it resets the heartbeat only once it is read."""
         self.transport.check()
-        s, now = self.cfg.search, time.monotonic()
         for rank, p in enumerate(self._procs):
-            starting, since = self._starting_since[rank], self._expecting_since[rank]
             if not p.is_alive():
                 self._restart(rank, f"died (exit code {p.exitcode}); its own output (stderr, above) has the cause")
-            elif starting is not None and now - starting > s.ready_timeout_s:
-                self._restart(rank, f"did not report ready within search.ready_timeout_s={s.ready_timeout_s:g}s "
-                                    "after its restart: hung or stopped")
-            elif since is not None and now - since > s.heartbeat_timeout_s:
-                self._restart(rank, f"sent no batch for {now - since:.0f}s (search.heartbeat_timeout_s="
-                                    f"{s.heartbeat_timeout_s:g}): hung or stopped")
+            elif why := self.supervisor.silent(rank):
+                self._restart(rank, why)
 
-    def _expecting(self, rank: int) -> bool:
+    def _owes(self, rank: int) -> bool:
         return not self.sync or self._owed[rank] > 0
-
-    def _heard(self, rank: int, delivered: bool) -> None:
-        """The current incarnation of `rank` reported ready or delivered a batch: restart its heartbeat clock."""
-        if delivered and self.sync:
-            self._owed[rank] = max(0, self._owed[rank] - 1)
-        self._starting_since[rank] = None
-        self._expecting_since[rank] = time.monotonic() if self._expecting(rank) else None
 
     def _handle(self, kind: str, tag: tuple[int, int], payload) -> list[Group] | None:
         """Groups for "groups" messages (from any incarnation: they are valid data); None otherwise."""
@@ -218,12 +182,13 @@ class LocalRuntime:
         if kind == "groups":
             groups, stats = payload
             if incarnation == self._incarnation[rank]:
-                self._stats[rank] = stats
-                self._states[rank] = stats["state"]
-                self._heard(rank, delivered=True)
+                self.record(stats)
+                if self.sync:
+                    self._owed[rank] = max(0, self._owed[rank] - 1)
+                self.supervisor.delivered(rank, owes_more=self._owes(rank))
             return groups
         if kind == "ready" and incarnation == self._incarnation[rank]:
-            self._heard(rank, delivered=False)
+            self.supervisor.ready(rank, owes=self._owes(rank))
         if kind == "error" and incarnation == self._incarnation[rank]:
             self._restart(rank, f"failed:\n{payload}")
         return None
@@ -251,8 +216,7 @@ class LocalRuntime:
                 if r is not None:
                     r.release()
                     self._owed[rank] += 1
-                    if self._expecting_since[rank] is None and self._starting_since[rank] is None:
-                        self._expecting_since[rank] = time.monotonic()
+                    self.supervisor.due(rank)
             need = self.n if self.sync else 1
             deadline = time.monotonic() + self.cfg.search.collect_timeout_s
             got = 0
@@ -273,14 +237,6 @@ class LocalRuntime:
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
         self.transport.publish(weights, version)
-
-    @property
-    def searchers(self) -> int:
-        return self.cfg.search.num_searchers
-
-    def report(self) -> RuntimeReport:
-        """As of the last batch received from each searcher (its state is what a restart resumes from)."""
-        return worker_report(self._stats, self._states, self._placement, self.restarts)
 
     def stop(self) -> None:
         if self._procs:
@@ -322,3 +278,8 @@ def _check_distinct_gpus(cfg: RunConfig, trainer: torch.device) -> None:
         raise SearcherError(f"search.weight_transport=broadcast on GPUs (NCCL) needs every searcher on a GPU other "
                             f"than the trainer's ({trainer}); search.device={cfg.search.device!r} shares it. Use "
                             "weight_transport=shared (CUDA IPC), or give searchers their own GPUs")
+
+
+def build(cfg: RunConfig, *, policy, sources, version, states, log, threads, **_) -> LocalRuntime:
+    """`runtime=local` (tba.runtime.RUNTIMES)."""
+    return LocalRuntime(cfg, sources, initial_weights(policy), threads, version=version, states=states, log=log)

@@ -17,8 +17,9 @@ weights at the start of a step() (tba.runtime.broadcast). Control stays Ray call
 restarts an actor, `restore` hands it the new group to join.
 
 Faults: an actor that raises or dies is restarted by Ray (max_restarts = search.max_restarts) and restored by
-the driver. An actor that is alive but silent (hung, SIGSTOPped) — calls in flight and no result for
-`search.heartbeat_timeout_s` — is treated the same way: `ray.kill(actor, no_restart=False)`, then restore.
+the driver. An actor that is alive but silent (hung, SIGSTOPped) — calls in flight and no result within its
+heartbeat (learnt from its own batch times, capped by `search.heartbeat_timeout_s`; tba.runtime.supervision)
+— is treated the same way: `ray.kill(actor, no_restart=False)`, then restore.
 
 `ray.address` joins an existing cluster (`ray start --head` …); otherwise a private Ray starts on
 127.0.0.1 with the dashboard off and is shut down at the end. Every worker node must have `tba` installed
@@ -33,15 +34,8 @@ import time
 import torch
 
 from tba.config import RunConfig, to_dict
-from tba.runtime.base import (
-    ModelSources,
-    RuntimeReport,
-    SearcherError,
-    build_searcher,
-    restore_searcher,
-    worker_report,
-    worker_state,
-)
+from tba.runtime.base import ModelSources, SearcherError, WorkerStats, build_searcher, initial_weights, restore_searcher
+from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
 from tba.types import Group
 
@@ -88,37 +82,29 @@ class _SearcherActor:
             self.sync_s += self.receiver.poll(self.searcher)
         groups = self.searcher.step()
         self.busy += self.searcher.last_step_s
-        return groups, {"rank": self.rank, "version": self.searcher.version,
-                        "samples": self.searcher.samples_generated, "busy": self.busy,
-                        "alive_s": time.perf_counter() - self.t_start, "sync_s": self.sync_s,
-                        "generate_s": self.searcher.generate_s, "loads": self.searcher.loads,
-                        "state": worker_state(self.searcher), "reward_error": self.searcher.last_reward_error}
+        return groups, WorkerStats.of(self.searcher, self.rank, self.t_start, self.busy, self.sync_s)
 
 
-class RayRuntime:
+class RayRuntime(WorkerRuntime):
     pipeline_depth = 2
 
     def __init__(self, cfg: RunConfig, sources: ModelSources, initial_weights: dict[str, torch.Tensor],
                  threads_per_searcher: int, *, version: int = 0, states: list[dict] | None = None, log=print):
         if ray is None:
             raise RuntimeError("runtime=ray needs Ray: pip install 'tba[ray]' (or pip install 'ray[default]')")
-        self.cfg, self.sources, self.threads, self.log = cfg, sources, threads_per_searcher, log
+        super().__init__(cfg, states, log)
+        self.sources, self.threads = sources, threads_per_searcher
         self._version, self._initial = version, initial_weights
         device = next(iter(initial_weights.values())).device
         self.transport_kind = choose_transport(cfg.search.weight_transport, "ray", device)
         self.transport = None  # broadcast: the trainer's end of the group
-        self._states: list[dict | None] = list(states) if states else [None] * cfg.search.num_searchers
-        self.restarts = 0
         self._recovering: dict[int, tuple] = {}  # actor index → (restore ObjectRef, deadline)
         self.sync = cfg.mode == "sync"
         self.actors: list = []
         self._in_flight: dict = {}  # ObjectRef → actor index
-        self._expecting_since: dict[int, float] = {}  # actor index → since when it owes a result (heartbeat)
         self._sent_version: list[int] = []
         self._latest: tuple[int, object] | None = None
-        self._stats: dict[int, dict] = {}
         self._started_ray = False
-        self._placement: list[dict] = []
 
     def start(self) -> None:
         if not ray.is_initialized():
@@ -169,7 +155,7 @@ class RayRuntime:
             args = self._latest  # (version, ObjectRef): resolved by Ray on the actor's node, fetched once per node
             self._sent_version[i] = self._latest[0]
         self._in_flight[self.actors[i].step.remote(*args)] = i
-        self._expecting_since.setdefault(i, time.monotonic())
+        self.supervisor.due(i)
 
     def _receive(self, ref) -> list[Group]:
         i = self._in_flight.pop(ref)
@@ -182,11 +168,8 @@ class RayRuntime:
         except ray.exceptions.GetTimeoutError:
             raise SearcherError(f"timed out after {timeout:g}s (search.collect_timeout_s) waiting for searcher {i} "
                                 "to return a finished batch") from None
-        self._stats[i], self._states[i] = stats, stats["state"]
-        if i in self._in_flight.values():
-            self._expecting_since[i] = time.monotonic()  # heartbeat: it delivered; its next call is due in turn
-        else:
-            self._expecting_since.pop(i, None)
+        self.record(stats)
+        self.supervisor.delivered(i, owes_more=i in self._in_flight.values())  # its next call is due in turn
         return groups
 
     def _recover(self, i: int, error: Exception | None = None, *, why: str | None = None) -> None:
@@ -197,20 +180,11 @@ class RayRuntime:
         not new failures. The restore call is re-sent until it succeeds (deadline: search.ready_timeout_s)."""
         if i in self._recovering:
             return
-        limit = self.cfg.search.max_restarts
-        cause = why if why is not None else f"failed. Traceback (remote, from Ray):\n{error}"
-        if self.restarts >= limit:
-            raise SearcherError(f"searcher {i} {cause}\nrestart limit reached (search.max_restarts={limit}): "
-                                "stopping the run")
-        self.restarts += 1
-        if why is not None:
-            self.log(f"searcher {i} {why} — Ray restarts it ({self.restarts}/{limit} restarts used)")
-        else:
-            self.log(f"searcher {i} failed ({type(error).__name__}) — Ray restarts it "
-                     f"({self.restarts}/{limit} restarts used)\n{error}")
+        cause = why if why is not None else f"failed ({type(error).__name__}). Traceback (remote, from Ray):\n{error}"
+        self.supervisor.charge(i, cause, action="Ray restarts it")
         for ref in [r for r, j in self._in_flight.items() if j == i]:
             del self._in_flight[ref]  # the failed incarnation's other calls: dropped, not counted again
-        self._expecting_since.pop(i, None)  # timed again from its first call after the restore
+        self.supervisor.forget(i)  # timed again, at a pace learnt anew, from its first call after the restore
         if why is not None or isinstance(error, ray.exceptions.RayTaskError):  # alive but hung or suspect
             ray.kill(self.actors[i], no_restart=False)
         deadline = time.monotonic() + self.cfg.search.ready_timeout_s
@@ -243,17 +217,16 @@ class RayRuntime:
                     self._submit(i)
 
     def _check_heartbeat(self) -> None:
-        """Restart (through Ray) every actor that owes a result and has delivered none for
-        search.heartbeat_timeout_s. A finished call not yet received counts as a delivery."""
-        timeout, now = self.cfg.search.heartbeat_timeout_s, time.monotonic()
-        for i, since in list(self._expecting_since.items()):
-            if i in self._recovering or now - since <= timeout:
+        """Restart (through Ray) every actor that owes a result and is silent past its heartbeat. A finished
+        call not yet received counts as a delivery."""
+        for i in range(len(self.actors)):
+            why = None if i in self._recovering else self.supervisor.silent(i)
+            if why is None:
                 continue
             refs = [r for r, j in self._in_flight.items() if j == i]
             if refs and ray.wait(refs, num_returns=1, timeout=0)[0]:
                 continue
-            self._recover(i, why=f"sent no batch for {now - since:.0f}s (search.heartbeat_timeout_s={timeout:g}): "
-                                 "hung or stopped")
+            self._recover(i, why=why)
 
     def collect(self, block: bool) -> list[Group]:
         groups: list[Group] = []
@@ -298,14 +271,6 @@ class RayRuntime:
         else:
             self._latest = (version, ray.put(_cpu(weights)))
 
-    @property
-    def searchers(self) -> int:
-        return self.cfg.search.num_searchers
-
-    def report(self) -> RuntimeReport:
-        """As of the last batch received from each searcher (its state is what a restart resumes from)."""
-        return worker_report(self._stats, self._states, self._placement, self.restarts)
-
     def stop(self) -> None:
         if ray is not None and ray.is_initialized():
             for a in self.actors:
@@ -321,3 +286,8 @@ class RayRuntime:
 def _cpu(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The object store pickles tensors: GPU ones must come to the host first (`ray.put` then copies them)."""
     return {k: v.detach().cpu() for k, v in weights.items()}
+
+
+def build(cfg: RunConfig, *, policy, sources, version, states, log, threads, **_) -> RayRuntime:
+    """`runtime=ray` (tba.runtime.RUNTIMES)."""
+    return RayRuntime(cfg, sources, initial_weights(policy), threads, version=version, states=states, log=log)

@@ -25,78 +25,11 @@ from typing import Protocol
 import torch
 
 from tba.runtime.base import SearcherError
+from tba.runtime.layout import WeightLayout
 
-TRANSPORTS = ("shared", "broadcast", "object_store")
 LOCK_TIMEOUT_S = 60.0
 """Longest wait for the shared buffers' lock, held by either side only for one memory copy: past it, the
 holder died inside the copy (kill -9 at that instant), and the run stops with SearcherError instead of hanging."""
-
-
-@dataclass(frozen=True)
-class Slot:
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int
-    """First element in the flat buffer of this slot's dtype."""
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-
-@dataclass(frozen=True)
-class WeightLayout:
-    """Where each named tensor lives in one flat buffer per dtype (picklable: sent to searchers once)."""
-
-    slots: tuple[Slot, ...]
-    dtypes: tuple[torch.dtype, ...]
-    sizes: tuple[int, ...]
-    """Elements per buffer, aligned with `dtypes`."""
-
-    @classmethod
-    def of(cls, weights: dict[str, torch.Tensor]) -> WeightLayout:
-        """Tied tensors (one memory under two names: embeddings and LM head) get one place, so they travel once."""
-        sizes: dict[torch.dtype, int] = {}
-        slots, placed = [], {}
-        for name, t in weights.items():
-            same = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
-            offset = placed.get(same) if t.numel() else None
-            if offset is None:
-                offset = placed[same] = sizes.get(t.dtype, 0)
-                sizes[t.dtype] = offset + t.numel()
-            slots.append(Slot(name, t.dtype, tuple(t.shape), offset))
-        return cls(tuple(slots), tuple(sizes), tuple(sizes.values()))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(n * torch.empty((), dtype=d).element_size() for d, n in zip(self.dtypes, self.sizes, strict=True))
-
-    def allocate(self, device: torch.device | str) -> list[torch.Tensor]:
-        return [torch.empty(n, dtype=d, device=device) for d, n in zip(self.dtypes, self.sizes, strict=True)]
-
-    def views(self, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Named tensors backed by `buffers` (no copy), in the trainer's order."""
-        index = {d: i for i, d in enumerate(self.dtypes)}
-        return {s.name: buffers[index[s.dtype]][s.offset:s.offset + s.numel].view(s.shape) for s in self.slots}
-
-    def pack(self, weights: dict[str, torch.Tensor], buffers: list[torch.Tensor]) -> None:
-        """Copy `weights` (same names, shapes and dtypes as the layout's) into `buffers`."""
-        views = self.views(buffers)
-        if weights.keys() != views.keys():
-            raise ValueError(f"published weights do not match the layout: missing "
-                             f"{sorted(views.keys() - weights.keys())[:3]}, unexpected "
-                             f"{sorted(weights.keys() - views.keys())[:3]}")
-        with torch.no_grad():
-            for name, view in views.items():
-                t = weights[name]
-                if t.dtype != view.dtype or t.shape != view.shape:
-                    raise ValueError(f"published tensor {name} is {t.dtype} {tuple(t.shape)}, the layout has "
-                                     f"{view.dtype} {tuple(view.shape)}")
-                view.copy_(t)
 
 
 class WeightReceiver(Protocol):
@@ -133,6 +66,8 @@ class WeightSender(Protocol):
 def choose_transport(setting: str, runtime: str, device: torch.device) -> str:
     """`search.weight_transport`, with auto resolved: local → shared (CPU shared memory or CUDA IPC);
     ray → the object store for CPU weights, a broadcast (NCCL) when the trainer is on a GPU."""
+    from tba.runtime import TRANSPORTS  # the registry (light)
+
     if setting not in ("auto", *TRANSPORTS):
         raise ValueError(f"unknown search.weight_transport {setting!r}")
     if setting != "auto":

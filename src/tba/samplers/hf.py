@@ -27,3 +27,16 @@ class HFSampler:
 
     def close(self) -> None:
         pass
+
+
+def build(cfg, source: str, tokenizer, device, seed: int, policy=None) -> HFSampler:
+    """`search.backend=hf` (tba.samplers.SAMPLERS): `policy` if given (the inline runtime passes a copy of the
+    trainer's), else the model loaded from `source` (with LoRA adapters when the run trains LoRA: the trainer's
+    arrive with the first weights)."""
+    from tba.models import apply_lora, load_model
+
+    if policy is None:
+        policy = load_model(source, cfg.model.dtype)
+        if cfg.model.lora.enabled and not getattr(policy, "peft_config", None):
+            policy = apply_lora(policy, cfg.model.lora)
+    return HFSampler(policy.to(device), tokenizer)

@@ -213,3 +213,9 @@ class VLLMSampler:
         llm.llm_engine.engine_core.shutdown()
         del self.llm, llm
         cleanup_dist_env_and_memory()
+
+
+def build(cfg, source: str, tokenizer, device, seed: int, policy=None) -> VLLMSampler:
+    """`search.backend=vllm` (tba.samplers.SAMPLERS): an engine over `source` (a save_pretrained directory or
+    hub name; it loads its own copy, so `policy` is not used)."""
+    return VLLMSampler(source, tokenizer, cfg=cfg, device=device, seed=seed)

@@ -35,7 +35,7 @@ def _gsm8k(t):
 
 
 def _reasoning_gym(t):
-    from tba.config import ConfigError
+    from tba.errors import ConfigError
     from tba.tasks.reasoning_gym import ReasoningGymTask
 
     options = dict(t.options or {})
@@ -50,7 +50,7 @@ def _reasoning_gym(t):
 
 
 def _enumerable(t):
-    from tba.config import ConfigError
+    from tba.errors import ConfigError
     from tba.tasks.enumerable import EnumerableTask
 
     options = dict(t.options or {})

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from tba.config import ConfigError
+from tba.errors import ConfigError
 
 
 @dataclass(frozen=True)

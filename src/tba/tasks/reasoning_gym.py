@@ -21,7 +21,7 @@ import re
 
 import reasoning_gym
 
-from tba.config import ConfigError
+from tba.errors import ConfigError
 from tba.tasks.base import Prompt
 from tba.tasks.gsm8k import extract_answer
 

@@ -1,0 +1,20 @@
+"""The sampler seam: the engine a searcher generates with, behind two calls (see tba.samplers)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Sampler(Protocol):
+    def generate(self, prompts: list[list[int]], *, num_samples: int, temperature: float, top_p: float,
+                 max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+        """For each prompt and then each of its samples: response ids (cut after the first EOS, which is kept)
+        and the per-token log-probs of the distribution they were sampled from (logits ÷ T, top-k off)."""
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Replace the policy's weights in place with the trainer's (version = updates applied)."""
+
+    def close(self) -> None:
+        """Release the engine (processes, memory); the sampler is unusable afterwards."""
