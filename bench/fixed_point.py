@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import datetime
 import json
 import multiprocessing
@@ -53,9 +54,12 @@ CONDITIONS: dict[str, dict] = {
 SMOKE = ["trainer.steps=4", "eval.every_steps=2"]
 
 
-def patch_sampler(sample_temperature: float, report_scoring_logprobs: bool) -> None:
-    """Make the HF sampler draw at `sample_temperature` instead of the run's T; its behaviour log-probs are then
-    those of the distribution it drew from, or (`report_scoring_logprobs`) those at the run's T: the mismatch."""
+@contextlib.contextmanager
+def sampler_patched(sample_temperature: float | None, report_scoring_logprobs: bool):
+    """For one run: the HF sampler draws at `sample_temperature` instead of the run's T; its behaviour log-probs
+    are those of the distribution it drew from, or (`report_scoring_logprobs`) those at the run's T: the
+    mismatch. The class is restored afterwards — pool workers run many jobs, and a patch left in place would
+    leak into the next (it did, in a first grid that had to be rerun)."""
     from tba.generation import response_logprobs
     from tba.samplers.hf import HFSampler
 
@@ -70,7 +74,12 @@ def patch_sampler(sample_temperature: float, report_scoring_logprobs: bool) -> N
         logp, _ = response_logprobs(self.model, flat, [r for r, _ in out], temperature, self.pad_id)  # [N, R]
         return [(r, logp[i, :len(r)].tolist()) for i, (r, _) in enumerate(out)]
 
-    HFSampler.generate = generate
+    if sample_temperature is not None:
+        HFSampler.generate = generate
+    try:
+        yield
+    finally:
+        HFSampler.generate = original
 
 
 def run_one(job: dict) -> dict:
@@ -81,13 +90,12 @@ def run_one(job: dict) -> dict:
 
     torch.set_num_threads(1)
     condition = CONDITIONS[job["condition"]]
-    if "sample_temperature" in condition:
-        patch_sampler(condition["sample_temperature"], condition.get("report_scoring_logprobs", False))
     cfg = load_config(job["config"], [f"seed={job['seed']}", f"objective={job['objective']}",
                                       f"output_dir={job['out']}", *condition["overrides"], "runtime=inline",
                                       "mode=sync", "threads=1", "search.threads=1", "logging.progress=false",
                                       "logging.tensorboard=false", "buffer.persist=false", *job["overrides"]])
-    s = train(cfg, log=lambda m: None, overwrite=True)
+    with sampler_patched(condition.get("sample_temperature"), condition.get("report_scoring_logprobs", False)):
+        s = train(cfg, log=lambda m: None, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     curve = [(0, s["eval_start"]["kl_to_target"])]
     curve += [(m["step"], m["eval/kl_to_target"]) for m in metrics if m.get("eval/kl_to_target") is not None]

@@ -80,6 +80,19 @@ def test_fixed_point_bench_smoke(tmp_path, monkeypatch):
     assert results.with_suffix(".png").is_file() and "| never, T_b=1.5 | tb | 0 |" in text and "torch" in text
 
 
+def test_fixed_point_sampler_patch_is_undone_after_each_run():
+    """Pool workers run many jobs: a behaviour-temperature patch must not leak into the next run."""
+    fixed_point = importlib.import_module("fixed_point")
+    from tba.samplers.hf import HFSampler
+
+    original = HFSampler.generate
+    with fixed_point.sampler_patched(1.5, False):
+        assert HFSampler.generate is not original
+    with fixed_point.sampler_patched(None, False):
+        assert HFSampler.generate is original
+    assert HFSampler.generate is original
+
+
 @pytest.mark.slow
 def test_resume_bench_smoke(monkeypatch, capsys):
     run_bench("resume", ["--smoke"], monkeypatch)
