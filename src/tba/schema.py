@@ -182,8 +182,6 @@ class SearchConfig:
     """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
     item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
     Ray each actor sees the GPUs it declared (search.num_gpus) and `cuda` means its own."""
-    fail_after_batches: int | None = None
-    """Fault injection for tests and drills: each searcher raises after this many batches. None = never."""
     max_restarts: int = 3
     """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
 
