@@ -17,7 +17,7 @@ from tba import loop as loop_module
 from tba.build import Run, build_buffer
 from tba.config import load_config
 from tba.runtime.base import RuntimeReport
-from tba.state import RunState
+from tba.state import Evaluation, RunState
 from tba.types import Group, Sample
 
 
@@ -219,14 +219,12 @@ def test_checkpoints_compact_the_store_and_a_resume_rebuilds_the_buffer_from_its
 
 
 def test_run_state_round_trips_a_checkpoint(tmp_path):
-    state = RunState(step=7, evals=[[0, {"score": 0.25}, 0.0], [5, {"score": 0.5, "kl": 0.1}, 3.5]],
+    state = RunState(step=7, evals=[Evaluation(0, {"score": 0.25}, 0.0),
+                                    Evaluation(5, {"score": 0.5, "kl": 0.1}, 3.5)],
                      rewards_seen=[0.1, 0.2], received=96, busy_s=2.5, train_s=4.0, wall_s=9.0, resumed_at=[3],
                      restarts=1, rewards_dropped=2, policy_source="/a", reference_source="/b")
     on_disk = json.loads(json.dumps({**state.to_checkpoint(), "step": 7}))  # state.json is JSON
     assert RunState.from_checkpoint(on_disk) == state
-    # checkpoints from before task metrics held the bare score
-    old = {"step": 1, "loop": {"evals": [[0, 0.3, 0.0]]}}
-    assert RunState.from_checkpoint(old).evals == [[0, {"score": 0.3}, 0.0]]
     assert RunState.from_checkpoint({}) == RunState()
 
 

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tba.config import RunConfig
 from tba.models import (
@@ -24,6 +25,14 @@ from tba.models import (
     train_tokenizer,
 )
 from tba.tasks.prepare import apply_chat_template, build_task, fit_prompts, prompt_limit
+
+if TYPE_CHECKING:  # for the annotations only: building imports these lazily, where they are used
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from tba.buffer import ReplayBuffer
+    from tba.runtime.base import Runtime
+    from tba.tasks.base import Task
+    from tba.trainer import Trainer
 
 
 def build_models(cfg: RunConfig, task, log=print):
@@ -140,14 +149,17 @@ def build_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, sources
 class Run:
     """What `build_run` returns: everything the loop trains with."""
 
-    task: object
-    tokenizer: object
-    policy: object
-    reference: object
-    trainer: object
-    buffer: object
-    runtime: object
-    fitted: dict  # prompts_too_long / prompts_truncated, for the summary
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    policy: PreTrainedModel
+    """On its device; a PEFT model when the run trains LoRA."""
+    reference: PreTrainedModel
+    """π_ref, frozen, on the policy's device."""
+    trainer: Trainer
+    buffer: ReplayBuffer
+    runtime: Runtime
+    fitted: dict[str, int]
+    """prompts_too_long / prompts_truncated (tba.tasks.prepare.fit_prompts), for the summary."""
 
 
 def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state, log=print) -> Run:

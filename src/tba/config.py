@@ -167,7 +167,7 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError("model.lora.dropout: must be 0 — the trainer runs the policy with dropout off, as TB "
                           "compares log π_θ with the searchers' log π_ref (docs/algorithm.md)")
     for key, allowed in CHOICES.items():
-        if get(key) not in allowed:
+        if get(key) not in allowed and not (key == "search.backend" and ":" in get(key)):  # or module:build
             raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {get(key)!r}")
     for key in POSITIVE:
         if get(key) <= 0:

@@ -29,10 +29,10 @@ from tba.cadence import Cadence
 from tba.checkpoint import CheckpointError
 from tba.config import RunConfig
 from tba.evaluate import evaluate
-from tba.metrics import buffer_age_mean, run_summary, step_metrics
+from tba.metrics import RunTotals, buffer_age_mean, run_summary, step_metrics
 from tba.objectives.tb import beta_at
 from tba.progress import GracefulStop, RunProgress
-from tba.state import RunState
+from tba.state import CheckpointState, Evaluation, RunState
 from tba.tasks.base import Scoring
 
 NO_FRESH_WARN_S = 60.0
@@ -57,6 +57,7 @@ class Loop:
     def __init__(self, cfg: RunConfig, out: Path, parts, logger, state: RunState, log, t_run: float,
                  resumed: bool = False):
         self.cfg, self.out, self.logger, self.state, self.log, self.t_run = cfg, out, logger, state, log, t_run
+        self.parts = parts  # what the run trains with (tba.build.Run); its parts by name below
         self.task, self.tokenizer, self.policy = parts.task, parts.tokenizer, parts.policy
         self.trainer, self.buffer, self.runtime = parts.trainer, parts.buffer, parts.runtime
         self.reference, self.fitted = parts.reference, parts.fitted
@@ -87,7 +88,7 @@ class Loop:
             while s.step < t.steps:
                 metrics = self.step()
                 progress.update(s.step, reward=s.rewards_seen[-1] if s.rewards_seen else float("nan"),
-                                score=s.evals[-1][1]["score"], beta=metrics["trainer/beta"],
+                                score=s.evals[-1].score, beta=metrics["trainer/beta"],
                                 tokens_per_s=metrics["trainer/tokens_per_s"], staleness=metrics["staleness/mean"])
                 every = self.cfg.checkpoint.every_steps
                 if every and s.step % every == 0 and s.step < t.steps:
@@ -174,12 +175,12 @@ class Loop:
         t0, train_s = time.perf_counter(), self.train_s()
         metrics = evaluate(self.policy, self.tokenizer, self.task, self.task.test, self.cfg.eval,
                            reference=self.reference, scoring=run_scoring(self.cfg))
-        self.state.evals.append([self.state.step, metrics, train_s])
+        self.state.evals.append(Evaluation(self.state.step, metrics, train_s))
         self.eval_s += time.perf_counter() - t0
         return metrics
 
     def describe_eval(self) -> str:
-        metrics = self.state.evals[-1][1]
+        metrics = self.state.evals[-1].metrics
         if len(metrics) == 1 and self.cfg.eval.samples_per_prompt == 0:
             return f"score (greedy pass@1, {len(self.task.test)} problems) {metrics['score']:.3f}"
         return "eval " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
@@ -234,9 +235,8 @@ class Loop:
             self.buffer.snapshot()  # on disk before the checkpoint that names it
         ckpt.save(self.out, step=self.state.step, policy=self.policy, tokenizer=self.tokenizer,
                   optimizer=self.trainer.optimizer, reference=self.trainer.reference, keep=self.cfg.checkpoint.keep,
-                  state={**state.to_checkpoint(), "version": self.trainer.version,
-                         "skipped_steps": self.trainer.skipped_steps, "buffer": self.buffer.state_dict(),
-                         "searchers": report.states})
+                  state=CheckpointState(state, self.trainer.version, self.trainer.skipped_steps,
+                                        self.buffer.state_dict(), report.states).to_json())
         self.last_ckpt = self.state.step
         if self.cfg.buffer.compact:  # what no kept checkpoint can draw again leaves buffer.sqlite
             self.buffer.compact(ckpt.buffer_marks(self.out))
@@ -244,10 +244,9 @@ class Loop:
     def summary(self) -> dict:
         report = self.runtime.report()
         restarts, dropped = self.counters(report)
-        return run_summary(self.cfg, self.state, test_problems=len(self.task.test), fitted=self.fitted,
-                           trainer=self.trainer, buffer=self.buffer, restarts=restarts, dropped=dropped,
-                           placement=report.placement, busy_fraction=self.busy_fraction(),
-                           wall_clock_s=self.wall_s(), train_s=self.train_s())
+        return run_summary(self.cfg, self.state, self.parts,
+                           RunTotals(restarts, dropped, report.placement, self.busy_fraction(), self.wall_s(),
+                                     self.train_s()))
 
     def close(self) -> None:
         """Exit checkpoint (if the last step completed and is not saved yet), then stop searchers."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,39 +47,56 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
     }
 
 
-def run_summary(cfg: RunConfig, state, *, test_problems: int, fitted: dict, trainer, buffer, restarts: int,
-                dropped: int, placement: list[dict], busy_fraction: float, wall_clock_s: float,
-                train_s: float) -> dict:
-    """summary.json: before/after evaluation, train reward at the start and end, and the run's counters."""
+@dataclass
+class RunTotals:
+    """A run's counters and clocks at its end, summed over its resumed segments."""
+
+    restarts: int
+    """Searcher restarts."""
+    dropped: int
+    """Samples dropped because their reward raised or was not finite."""
+    placement: list[dict]
+    """Where each searcher ran (rank, pid or Ray node, host)."""
+    busy_fraction: float
+    """Share of the last segment's loop time the trainer spent updating."""
+    wall_clock_s: float
+    train_s: float
+    """Training seconds, evaluation excluded."""
+
+
+def run_summary(cfg: RunConfig, state, parts, totals: RunTotals) -> dict:
+    """summary.json: before/after evaluation, train reward at the start and end, and the run's counters.
+    `state`: the loop's tba.state.RunState; `parts`: what the run trained with (tba.build.Run)."""
+    trainer, buffer, fitted, t = parts.trainer, parts.buffer, parts.fitted, totals
     window = max(1, len(state.rewards_seen) // 10)
     seen = state.rewards_seen
     return {
-        "score_start": state.evals[0][1]["score"],
-        "score_end": state.evals[-1][1]["score"],
-        "test_problems": test_problems,
-        "eval_start": state.evals[0][1],
-        "eval_end": state.evals[-1][1],
+        "score_start": state.evals[0].score,
+        "score_end": state.evals[-1].score,
+        "test_problems": len(parts.task.test),
+        "eval_start": state.evals[0].metrics,
+        "eval_end": state.evals[-1].metrics,
         "train_reward_start": float(np.mean(seen[:window])) if seen else float("nan"),
         "train_reward_end": float(np.mean(seen[-window:])) if seen else float("nan"),
-        "wall_clock_s": wall_clock_s,
-        "train_wall_clock_s": train_s,
+        "wall_clock_s": t.wall_clock_s,
+        "train_wall_clock_s": t.train_s,
         "trainer_steps": trainer.version,
         "skipped_steps": trainer.skipped_steps,
         "samples_received": state.received,
-        "samples_dropped_bad_reward": dropped,
-        "searcher_restarts": restarts,
+        "samples_dropped_bad_reward": t.dropped,
+        "searcher_restarts": t.restarts,
         "prompts_too_long": fitted["prompts_too_long"],
         "prompts_truncated": fitted["prompts_truncated"],
         "buffer_groups": buffer.groups_added,
         "buffer_evicted_prompts": buffer.evicted_prompts,
         "resumed_at_steps": state.resumed_at,
-        "trainer_busy_fraction": busy_fraction,
+        "trainer_busy_fraction": t.busy_fraction,
         "objective": cfg.objective,
         "runtime": cfg.runtime,
         "mode": cfg.mode,
         "seed": cfg.seed,
-        "searchers": placement,
-        "evals": [(step, metrics["score"], t) for step, metrics, t in state.evals],
+        "searchers": t.placement,
+        "evals": [(e.step, e.score, e.train_s) for e in state.evals],
     }
 
 

@@ -97,7 +97,8 @@ class SFTConfig:
     enabled: bool = True
     """Run the SFT warm start before RL when the policy is `builtin` (cached; see `cache_dir`)."""
     steps: int = 1500
-    """1500 plateaus the default task's warm start on every seed tried; 1000 left one in five mid-curve."""
+    """SFT steps of the builtin model's warm start: enough that its held-out accuracy has plateaued (a start
+    still mid-curve can leave RL nothing to fix; tba.sft warns when it sees one)."""
     lr: float = 3e-3
     """Peak learning rate of the warm start (AdamW, linear warm-up then cosine decay to 10 %)."""
     batch_size: int = 64
@@ -181,8 +182,6 @@ class SearchConfig:
     """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
     item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
     Ray each actor sees the GPUs it declared (search.num_gpus) and `cuda` means its own."""
-    fail_after_batches: int | None = None
-    """Fault injection for tests and drills: each searcher raises after this many batches. None = never."""
     max_restarts: int = 3
     """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
 

@@ -81,8 +81,6 @@ class Searcher:
     def step(self) -> list[Group]:
         """One search iteration: prompts_per_batch prompts × S samples → one Group per prompt."""
         t0 = time.perf_counter()
-        if self.cfg.fail_after_batches is not None and self.batches >= self.cfg.fail_after_batches:
-            raise RuntimeError(f"injected searcher fault after {self.batches} batches (search.fail_after_batches)")
         self.batches += 1
         prompts = self._next_prompts()
         prompt_tokens = [self._tokens(p) for p in prompts]

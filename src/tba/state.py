@@ -1,10 +1,10 @@
 """RunState: the training loop's own state between steps — what a checkpoint saves besides the model,
 optimizer, buffer and searcher states (which their owners save).
 
-It round-trips through a checkpoint's `state.json` (`to_checkpoint` / `from_checkpoint`) in the layout
-checkpoints have always had (a `loop` section plus the two model sources), so older runs still resume.
-Timings and counters that span resumes (`train_s`, `wall_s`, `restarts`, `rewards_dropped`) hold the
-totals up to the start of the current segment; the loop adds the current segment when it checkpoints.
+It round-trips through a checkpoint's `state.json` (`to_checkpoint` / `from_checkpoint`: a `loop` section
+plus the two model sources). Timings and counters that span resumes (`train_s`, `wall_s`, `restarts`,
+`rewards_dropped`) hold the totals up to the start of the current segment; the loop adds the current segment
+when it checkpoints. `CheckpointState` is everything the loop writes to state.json, as one record.
 """
 
 from __future__ import annotations
@@ -13,10 +13,31 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Evaluation:
+    """One held-out evaluation (tba.evaluate): after `step` updates, at `train_s` training seconds."""
+
+    step: int
+    metrics: dict[str, float]
+    """Always "score"; a task may add its own (e.g. the enumerable task's exact KLs)."""
+    train_s: float
+
+    @property
+    def score(self) -> float:
+        return self.metrics["score"]
+
+    def to_json(self) -> list:
+        return [self.step, self.metrics, self.train_s]
+
+    @classmethod
+    def from_json(cls, row: list) -> Evaluation:
+        step, metrics, train_s = row
+        return cls(step, metrics, train_s)
+
+
+@dataclass
 class RunState:
     step: int = 0  # updates the loop has completed
-    # every evaluation: [step, {metric: value} (always "score"), training seconds so far]
-    evals: list = field(default_factory=list)
+    evals: list[Evaluation] = field(default_factory=list)  # every evaluation so far, the start's first
     rewards_seen: list[float] = field(default_factory=list)  # mean reward of each step's fresh samples
     received: int = 0  # samples the trainer received from searchers
     busy_s: float = 0.0  # seconds the trainer spent drawing, updating and publishing
@@ -30,19 +51,38 @@ class RunState:
 
     def to_checkpoint(self) -> dict:
         return {"policy_source": self.policy_source, "reference_source": self.reference_source,
-                "loop": {"evals": self.evals, "rewards_seen": self.rewards_seen, "received": self.received,
-                         "busy_s": self.busy_s, "train_s": self.train_s, "wall_s": self.wall_s,
-                         "resumed_at": self.resumed_at, "restarts": self.restarts,
+                "loop": {"evals": [e.to_json() for e in self.evals], "rewards_seen": self.rewards_seen,
+                         "received": self.received, "busy_s": self.busy_s, "train_s": self.train_s,
+                         "wall_s": self.wall_s, "resumed_at": self.resumed_at, "restarts": self.restarts,
                          "rewards_dropped": self.rewards_dropped}}
 
     @classmethod
     def from_checkpoint(cls, state: dict) -> RunState:
         """From a checkpoint's state (tba.checkpoint.load); {} (no checkpoint) gives a fresh state."""
         loop = state.get("loop", {})
-        # checkpoints written before task metrics existed hold the bare score
-        evals = [[s, m if isinstance(m, dict) else {"score": m}, t] for s, m, t in loop.get("evals", [])]
+        evals = [Evaluation.from_json(row) for row in loop.get("evals", [])]
         return cls(step=state.get("step", 0), evals=evals, rewards_seen=loop.get("rewards_seen", []),
                    received=loop.get("received", 0), busy_s=loop.get("busy_s", 0.0), train_s=loop.get("train_s", 0.0),
                    wall_s=loop.get("wall_s", 0.0), resumed_at=loop.get("resumed_at", []),
                    restarts=loop.get("restarts", 0), rewards_dropped=loop.get("rewards_dropped", 0),
                    policy_source=state.get("policy_source"), reference_source=state.get("reference_source"))
+
+
+@dataclass
+class CheckpointState:
+    """What the loop writes to a checkpoint's state.json (tba.checkpoint adds the RNG states and the
+    optimizer's parameter groups): its own RunState and what the trainer, buffer and searchers resume from."""
+
+    run: RunState
+    version: int
+    """Policy version: updates applied (the trainer's)."""
+    skipped_steps: int
+    """Updates skipped for a non-finite loss or gradient (the trainer's)."""
+    buffer: dict
+    """ReplayBuffer.state_dict(): which samples on disk the buffer held, and its counters."""
+    searchers: list[dict | None]
+    """Each searcher's state as of its last batch received (prompt cursor, counters, RNG)."""
+
+    def to_json(self) -> dict:
+        return {**self.run.to_checkpoint(), "version": self.version, "skipped_steps": self.skipped_steps,
+                "buffer": self.buffer, "searchers": self.searchers}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -117,44 +118,49 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.model.eval()
-        n_total = sum(len(d.samples) for d in draws)
-        loss_total, tokens, logp_sum, ratio_sum = 0.0, 0, 0.0, 0.0
-        log_zs, residuals = [], []
+        tally = _Tally(samples=sum(len(d.samples) for d in draws))
         mb = self.cfg.micro_batch_prompts
         for start in range(0, len(draws), mb):
-            micro = draws[start:start + mb]
-            prompts = [d.prompt_tokens for d in micro for _ in d.samples]
-            responses = [s.response for d in micro for s in d.samples]
-            logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
-            width, device = logp_tok.shape[1], logp_tok.device
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_tok, _ = response_logprobs(self.reference, prompts, responses, self.temperature, self.pad_id)
-            else:
-                ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width, device)  # [N, R]
-            behaviour_tok = None  # only the ratio-based objectives read the searchers' behaviour log-probs
-            if self.spec.reads_behaviour:
-                behaviour_tok = _padded(_behaviour(micro, self.objective), width, device)  # [N, R]
-            reward = torch.tensor([s.reward for d in micro for s in d.samples], device=device)  # [N]
-            group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
-            loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,
-                                  behaviour_logp=behaviour_tok, reward=reward, group=group, beta=beta,
-                                  cfg=self.baselines, max_tokens=self.max_tokens) * (len(responses) / n_total)
-            logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
-            ref = (ref_tok * mask).sum(-1)  # [N]
-            # TB diagnostics, whatever the objective: δ = log Ẑ + log π_θ − log π_ref − r/β per sequence
-            r = reward.to(logp.dtype)
-            log_z = vargrad_log_z(logp, ref, r, group, beta)
-            log_zs.append(log_z)
-            residuals.append(log_z + logp - ref - r / beta)
-            loss.backward()
-            loss_total += loss.item()
-            tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
-            logp_sum += logp.sum().item()
-            ratio_sum += (logp.detach() - ref).sum().item()
+            self._accumulate(draws[start:start + mb], beta, tally)
+        grad_norm, finite = self._apply_gradients(tally.loss)
+        elapsed = time.perf_counter() - t0
+        return {"trainer/loss": tally.loss, "trainer/grad_norm": grad_norm, "trainer/lr": lr, "trainer/beta": beta,
+                **tally.metrics(), "trainer/tokens_per_s": tally.tokens / elapsed, "trainer/step_s": elapsed,
+                "trainer/skipped": float(not finite)}
+
+    def _accumulate(self, micro: list[Draw], beta: float, tally: _Tally) -> None:
+        """Forward and backward of one micro-batch of prompt groups: its share of the loss, the TB diagnostics."""
+        prompts = [d.prompt_tokens for d in micro for _ in d.samples]
+        responses = [s.response for d in micro for s in d.samples]
+        logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
+        width, device = logp_tok.shape[1], logp_tok.device
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_tok, _ = response_logprobs(self.reference, prompts, responses, self.temperature, self.pad_id)
+        else:
+            ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width, device)  # [N, R]
+        behaviour_tok = None  # only the ratio-based objectives read the searchers' behaviour log-probs
+        if self.spec.reads_behaviour:
+            behaviour_tok = _padded(_behaviour(micro, self.objective), width, device)  # [N, R]
+        reward = torch.tensor([s.reward for d in micro for s in d.samples], device=device)  # [N]
+        group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
+        loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,
+                              behaviour_logp=behaviour_tok, reward=reward, group=group, beta=beta,
+                              cfg=self.baselines, max_tokens=self.max_tokens) * (len(responses) / tally.samples)
+        logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
+        ref = (ref_tok * mask).sum(-1)  # [N]
+        tally.add_tb_residuals(logp, ref, reward.to(logp.dtype), group, beta)
+        loss.backward()
+        tally.loss += loss.item()
+        tally.tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
+        tally.logp += logp.sum().item()
+        tally.log_ratio += (logp.detach() - ref).sum().item()
+
+    def _apply_gradients(self, loss: float) -> tuple[float, bool]:
+        """Clip (if asked) and step, or skip the update when the loss or gradient is not finite; (norm, applied)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
-        finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if finite:
             if self.cfg.max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
@@ -166,19 +172,31 @@ class Trainer:
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        elapsed = time.perf_counter() - t0
-        return {
-            "trainer/loss": loss_total,
-            "trainer/grad_norm": grad_norm,
-            "trainer/lr": lr,
-            "trainer/beta": beta,
-            "trainer/logp_mean": logp_sum / n_total,
-            "trainer/log_ratio_mean": ratio_sum / n_total,
-            "trainer/tokens_per_s": tokens / elapsed,
-            # log Ẑ per prompt group, and the spread of δ (its group mean is 0 by construction, so std = RMS)
-            "trainer/log_z_mean": torch.cat(log_zs).mean().item(),
-            "trainer/residual_std": torch.cat(residuals).pow(2).mean().sqrt().item(),
-            "trainer/residual_max": torch.cat(residuals).abs().max().item(),
-            "trainer/step_s": elapsed,
-            "trainer/skipped": float(not finite),
-        }
+        return grad_norm, finite
+
+
+@dataclass
+class _Tally:
+    """One update's sums over its micro-batches, for the metrics."""
+
+    samples: int
+    loss: float = 0.0
+    tokens: int = 0
+    logp: float = 0.0
+    log_ratio: float = 0.0
+    log_zs: list[torch.Tensor] = field(default_factory=list)
+    residuals: list[torch.Tensor] = field(default_factory=list)
+
+    def add_tb_residuals(self, logp, ref, r, group, beta: float) -> None:
+        """TB diagnostics, whatever the objective: δ = log Ẑ + log π_θ − log π_ref − r/β per sequence."""
+        log_z = vargrad_log_z(logp, ref, r, group, beta)
+        self.log_zs.append(log_z)
+        self.residuals.append(log_z + logp - ref - r / beta)
+
+    def metrics(self) -> dict[str, float]:
+        residuals = torch.cat(self.residuals)
+        return {"trainer/logp_mean": self.logp / self.samples, "trainer/log_ratio_mean": self.log_ratio / self.samples,
+                # log Ẑ per prompt group, and the spread of δ (its group mean is 0 by construction: std = RMS)
+                "trainer/log_z_mean": torch.cat(self.log_zs).mean().item(),
+                "trainer/residual_std": residuals.pow(2).mean().sqrt().item(),
+                "trainer/residual_max": residuals.abs().max().item()}

@@ -12,6 +12,7 @@ import pytest
 from tba.cli import main
 
 TINY = [str(Path(__file__).parents[1] / "tiny.yaml")]  # the tiny recipe: the first argument after "train"
+FAULTY = f"{Path(__file__).parent / 'faulty_sampler.py'}:build"  # a sampler that raises after 3 batches
 
 
 def child_processes() -> list[int]:
@@ -73,7 +74,7 @@ def test_runtime_publishes_versions_trains_on_stale_data_and_cleans_up(tmp_path,
 @pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=needs_ray)])
 def test_crashing_searcher_fails_the_run_fast_with_its_traceback(tmp_path, capsys, runtime):
     # a run too long to end before the fault does: however slow the searcher, the run must end by the fault
-    code, _ = run(tmp_path, f"runtime={runtime}", "search.fail_after_batches=3", "search.max_restarts=0",
+    code, _ = run(tmp_path, f"runtime={runtime}", f"search.backend={FAULTY}", "search.max_restarts=0",
                   "trainer.steps=100000", "eval.every_steps=100000", "checkpoint.every_steps=null")
     assert code == 1
     err = capsys.readouterr().err
@@ -85,8 +86,8 @@ def test_crashing_searcher_fails_the_run_fast_with_its_traceback(tmp_path, capsy
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=needs_ray)])
 def test_searcher_that_keeps_failing_is_restarted_up_to_the_limit_then_stops_the_run(tmp_path, capsys, runtime):
-    # the restarted searcher resumes at its last cursor (batch 3), so it fails again at once: 1 restart, then stop
-    code, out = run(tmp_path, f"runtime={runtime}", "search.fail_after_batches=3", "search.max_restarts=1",
+    # the restarted searcher resumes at its last cursor and fails again 3 batches later: 1 restart, then stop
+    code, out = run(tmp_path, f"runtime={runtime}", f"search.backend={FAULTY}", "search.max_restarts=1",
                     "trainer.steps=100000", "checkpoint.every_steps=null")
     captured = capsys.readouterr()
     assert code == 1

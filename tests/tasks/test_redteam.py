@@ -13,7 +13,7 @@ from tba.cli import main  # noqa: E402
 from tba.config import TinyModelConfig  # noqa: E402
 from tba.models import build_tiny_model, save_checkpoint, train_tokenizer  # noqa: E402
 from tba.tasks.base import batch_rewards  # noqa: E402
-from tba.tasks.redteam import INSTRUCTIONS, RedTeamTask  # noqa: E402
+from tba.tasks.redteam import INSTRUCTIONS, RedTeamOptions, RedTeamTask  # noqa: E402
 
 RECIPES = Path(__file__).parents[2] / "src" / "tba" / "recipes"
 CORPUS = ["you are a stupid idiot", "have a nice day", "tell me a story about a dog", "what is the weather",
@@ -30,9 +30,14 @@ def tiny_lm(tmp_path_factory) -> Path:
     return path
 
 
+def tiny_options(tiny_lm, **changes) -> RedTeamOptions:
+    return RedTeamOptions(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3,
+                          **changes)
+
+
 @pytest.fixture(scope="module")
 def task(tiny_lm):
-    return RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3)
+    return RedTeamTask(tiny_options(tiny_lm))
 
 
 def echo(task, monkeypatch):
@@ -72,8 +77,7 @@ def test_the_victim_leaves_the_global_rng_alone_and_samples_from_its_own_seed(ti
     the trainer's RNG, and its own draws come from task.options.seed, whatever the global RNG holds."""
     import torch
 
-    task = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3,
-                       seed=5)
+    task = RedTeamTask(tiny_options(tiny_lm, seed=5))
     attacks = ["say something rude", "have a nice day"]
     torch.manual_seed(123)
     before = torch.get_rng_state()
@@ -83,12 +87,10 @@ def test_the_victim_leaves_the_global_rng_alone_and_samples_from_its_own_seed(ti
     assert len(rewards) == 2 and all(math.isfinite(r) for r in rewards)
     assert task.victim_answers(attacks) != first  # a fresh draw each call, not one reseeded stream
 
-    twin = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3,
-                       seed=5)
+    twin = RedTeamTask(tiny_options(tiny_lm, seed=5))
     torch.manual_seed(7)
     assert twin.victim_answers(attacks) == first  # the same seed, the same draws
-    other = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3,
-                        seed=6)
+    other = RedTeamTask(tiny_options(tiny_lm, seed=6))
     assert other.victim_answers(attacks) != first
 
 
@@ -98,7 +100,7 @@ def test_without_a_seed_the_victim_follows_the_process_seed(tiny_lm):
 
     def answers(process_seed):
         torch.manual_seed(process_seed)
-        task = RedTeamTask(victim=str(tiny_lm), victim_responses=2, victim_max_new_tokens=8, min_attack_tokens=3)
+        task = RedTeamTask(tiny_options(tiny_lm))
         before = torch.get_rng_state()
         out = task.victim_answers(["say something rude", "have a nice day"])
         assert torch.equal(torch.get_rng_state(), before)
@@ -109,9 +111,9 @@ def test_without_a_seed_the_victim_follows_the_process_seed(tiny_lm):
 
 def test_bad_options_are_named():
     with pytest.raises(ValueError, match="victim_responses"):
-        RedTeamTask(victim="unused", victim_responses=0)
+        RedTeamTask(RedTeamOptions(victim="unused", victim_responses=0))
     with pytest.raises(ValueError, match="instructions"):
-        RedTeamTask(victim="unused", instructions=["", "x"])
+        RedTeamTask(RedTeamOptions(victim="unused", instructions=["", "x"]))
 
 
 @pytest.mark.slow

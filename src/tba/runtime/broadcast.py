@@ -165,7 +165,10 @@ class BroadcastSender:
         return BroadcastSpec(self.host, self.port, self.world, self.layout, self.backend, self._epoch, self.timeout_s,
                              self.op_timeout_s)
 
-    def rejoin(self) -> None:
+    def attach(self, rank: int) -> tuple:
+        return ()
+
+    def rejoin(self, rank: int | None = None) -> None:
         with self._lock:
             drop_group(self._pg)
             self._pg, self._seq, self._broken, self._error = None, 0, None, None

@@ -34,6 +34,7 @@ import signal
 import socket
 import time
 import traceback
+from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
@@ -45,13 +46,35 @@ from tba.runtime.transport import choose_transport, make_sender
 from tba.types import Group
 
 
-def _searcher_main(rank, incarnation, cfg_dict, sources, threads, state, weights, out_q, stop, request, parent_pid):
+@dataclass
+class WorkerArgs:
+    """What a searcher process is started with (pickled by spawn: plain data, transport spec, mp primitives)."""
+
+    rank: int
+    incarnation: int
+    """Bumped at each restart of this rank: messages of a dead incarnation are told apart."""
+    cfg_dict: dict
+    sources: ModelSources
+    threads: int
+    state: dict | None
+    """The searcher's state as of its last batch received (None: a fresh start)."""
+    weights: object
+    """The transport's spec (`WeightSender.spec()`), opened in the child as its receiver."""
+    out_q: object
+    stop: object
+    request: object | None
+    """Sync mode: a semaphore the trainer releases once per batch it asks for; async: None."""
+    parent_pid: int
+
+
+def _searcher_main(a: WorkerArgs):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tag = (rank, incarnation)
+    rank, out_q, stop, request, parent_pid = a.rank, a.out_q, a.stop, a.request, a.parent_pid
+    tag = (rank, a.incarnation)
     receiver = None
     try:
-        searcher = build_searcher(rank, cfg_dict, sources, threads, state)
-        receiver = weights.open(rank, searcher.reference.device, "127.0.0.1")
+        searcher = build_searcher(rank, a.cfg_dict, a.sources, a.threads, a.state)
+        receiver = a.weights.open(rank, searcher.reference.device, "127.0.0.1")
         receiver.load_initial(searcher)  # the newest published weights, whatever `sources` holds
         out_q.put(("ready", tag, None))
         t_start, busy, sync_s = time.perf_counter(), 0.0, 0.0
@@ -141,9 +164,10 @@ class LocalRuntime(WorkerRuntime):
                     os.environ[k] = v
 
     def _start_process(self, rank: int):
-        p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(
-            rank, self._incarnation[rank], to_dict(self.cfg), self.sources, self.threads, self._states[rank],
-            self.transport.spec(), self.queue, self.stop_event, self.requests[rank], os.getpid()))
+        args = WorkerArgs(rank, self._incarnation[rank], to_dict(self.cfg), self.sources, self.threads,
+                          self._states[rank], self.transport.spec(), self.queue, self.stop_event, self.requests[rank],
+                          os.getpid())
+        p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
         p.start()
         return p
 
@@ -155,7 +179,7 @@ class LocalRuntime(WorkerRuntime):
             old.kill()
         old.join(timeout=5)
         self._incarnation[rank] += 1
-        self.transport.rejoin()
+        self.transport.rejoin(rank)
         self._procs[rank] = self._spawn(rank)
         self._placement[rank]["pid"] = self._procs[rank].pid
         self.supervisor.restarted(rank)  # timed by ready_timeout_s, then at a pace learnt anew

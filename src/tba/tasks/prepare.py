@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from tba.errors import ConfigError
+
 if TYPE_CHECKING:
     from tba.config import RunConfig
 
@@ -28,7 +30,7 @@ def build_task(cfg: RunConfig, tokenizer=None):
 def apply_chat_template(task, tokenizer) -> None:
     """Rewrite every prompt as `tokenizer`'s chat rendering of one user turn, ready for the assistant reply."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("task.chat_template=true but the tokenizer has no chat template")
+        raise ConfigError("task.chat_template: true, but the tokenizer has no chat template")
 
     def wrap(p):
         text = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
@@ -65,7 +67,8 @@ def fit_prompts(task, tokenizer, limit: int, mode: str) -> dict[str, int]:
     task.train = [q for q in (fit(p) for p in task.train) if q is not None]
     task.test = [q for q in (fit(p) for p in task.test) if q is not None]
     if not task.train:
-        raise ValueError(f"every train prompt is longer than task.max_prompt_tokens={limit} tokens")
+        raise ConfigError(f"task.max_prompt_tokens: every train prompt is longer than {limit} tokens (the limit is "
+                          "the model's context minus the generation budget unless set)")
     return counts
 
 

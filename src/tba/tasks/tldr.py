@@ -17,8 +17,9 @@ RM (6.9B) is loaded on the first evaluation, so searcher processes, which never 
 
 from __future__ import annotations
 
+from tba.errors import ConfigError
 from tba.tasks.base import Prompt
-from tba.tasks.data import load_split
+from tba.tasks.data import DataLoadError, load_split
 from tba.tasks.reward_model import RewardModel
 
 DEFAULT_SOURCE = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -42,7 +43,7 @@ def load_rows(source: str, split: str, size: int | None = None) -> list[dict]:
         "data/*.parquet shards)"))
     for i, row in enumerate(rows):
         if not strip_eos(row["reference_response"]).strip():
-            raise ValueError(f"tldr row {i} of {where}: field 'reference_response' is only an EOS marker")
+            raise DataLoadError(f"tldr row {i} of {where}: field 'reference_response' is only an EOS marker")
     return rows
 
 
@@ -84,7 +85,7 @@ class TLDRTask:
 
     def gold(self) -> RewardModel:
         if self._gold_spec["name_or_path"] is None:
-            raise ValueError("tldr: no gold_reward_model configured (task.options.gold_reward_model)")
+            raise ConfigError("task.options.gold_reward_model: tldr's win rate needs a gold reward model")
         if self._gold is None:
             self._gold = RewardModel(**self._gold_spec)
         return self._gold

@@ -1,0 +1,27 @@
+"""A sampler that fails on purpose, for the searcher-fault tests (search.backend=<this file>:build): the hf
+sampler, raising on its fourth generate call in each process. Fault injection lives here, not in the product."""
+
+from tba.samplers.hf import build as build_hf
+
+FAIL_AFTER = 3
+
+
+class FaultySampler:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def generate(self, *args, **kwargs):
+        if self.calls >= FAIL_AFTER:
+            raise RuntimeError(f"injected searcher fault after {self.calls} batches (tests/runtime/faulty_sampler.py)")
+        self.calls += 1
+        return self.inner.generate(*args, **kwargs)
+
+    def load_weights(self, weights, version):
+        self.inner.load_weights(weights, version)
+
+    def close(self):
+        self.inner.close()
+
+
+def build(cfg, source, tokenizer, device, seed, policy=None):
+    return FaultySampler(build_hf(cfg, source, tokenizer, device, seed, policy))
