@@ -202,20 +202,18 @@ def test_without_a_checkpoint_state_the_newest_snapshot_and_later_groups_are_loa
     assert _snapshot(offline) == _snapshot(live)
 
 
-def test_a_store_written_before_snapshots_existed_still_restores(tmp_path):
-    """Old runs: no snapshots or meta table, every group in the log; replay from the first group."""
+def test_a_store_without_this_versions_tables_is_refused_by_name(tmp_path):
+    """No compatibility layer for stores of unreleased versions: one message naming what is missing."""
     import sqlite3
 
-    from tba.store import BufferStore
+    from tba.store import BufferStore, StoreError
 
-    kw = dict(capacity_per_prompt=4, seed=2)
-    live = ReplayBuffer(**kw, store=BufferStore(tmp_path))
-    _feed(live, 6)
-    state = live.state_dict()
+    live = ReplayBuffer(capacity_per_prompt=4, seed=2, store=BufferStore(tmp_path))
+    _feed(live, 2)
     live.store.close()
     db = sqlite3.connect(tmp_path / "buffer.sqlite")
     db.executescript("DROP TABLE snapshots; DROP TABLE meta;")
     db.close()
-    old = ReplayBuffer(**kw, store=BufferStore(tmp_path, readonly=True))
-    assert old.restore(state) == 0 and _snapshot(old) == _snapshot(live)
-    assert old.store.num_groups() == live.groups_added
+    with pytest.raises(StoreError, match=r"buffer.sqlite is not a replay buffer this tba can read: no table meta, "
+                                         r"snapshots"):
+        BufferStore(tmp_path, readonly=True)

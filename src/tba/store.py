@@ -103,8 +103,10 @@ class BufferStore:
             self.db.execute("SELECT count(*) FROM groups").fetchone()
         except sqlite3.DatabaseError as e:
             raise StoreError(f"cannot open replay buffer {self.path}: {e}") from None
-        self._compactable = "snapshots" in tables  # a store written before snapshots existed (read-only) has none
-        counted = self._compactable and self.db.execute("SELECT value FROM meta WHERE key = 'groups'").fetchone()
+        if missing := {"prompts", "groups", "samples", "syncs", "snapshots", "meta"} - tables:
+            raise StoreError(f"{self.path} is not a replay buffer this tba can read: no table "
+                             f"{', '.join(sorted(missing))}")
+        counted = self.db.execute("SELECT value FROM meta WHERE key = 'groups'").fetchone()
         last = self.db.execute("SELECT coalesce(max(seq), 0) FROM groups").fetchone()[0]
         self.accepted = counted[0] if counted else last  # compaction may have removed the last groups' rows
         self._known_prompts: set[int] = set()
@@ -189,8 +191,6 @@ class BufferStore:
 
     def snapshot(self, upto: int | None = None) -> Snapshot | None:
         """The newest snapshot taken at or before group `upto` (any, if None); None if there is none."""
-        if not self._compactable:
-            return None
         row = self.db.execute("SELECT * FROM snapshots WHERE upto <= ? ORDER BY upto DESC LIMIT 1",
                               (2**62 if upto is None else upto,)).fetchone()
         if row is None:
@@ -214,7 +214,7 @@ class BufferStore:
     def compact(self, keep: Iterable[int]) -> int:
         """Keep the snapshots at `keep` (the kept checkpoints' positions) and delete every sample none of them
         references, up to the oldest of them: later groups stay whole for replay. A position without a
-        snapshot (a checkpoint written before snapshots existed) needs the whole log: nothing is deleted then.
+        snapshot (a checkpoint taken while buffer.compact was off) needs the whole log: nothing is deleted then.
         Returns the number of samples deleted."""
         keep = sorted(set(keep))
         try:
@@ -252,7 +252,7 @@ class BufferStore:
         unique = q("SELECT count(*) FROM (SELECT DISTINCT g.prompt_id, s.response FROM samples s "
                    "JOIN groups g USING(seq))").fetchone()[0]
         hist = q("SELECT round(reward, 3), count(*) FROM samples GROUP BY 1 ORDER BY 1 LIMIT 20").fetchall()
-        snapshots = q("SELECT count(*) FROM snapshots").fetchone()[0] if self._compactable else 0
+        snapshots = q("SELECT count(*) FROM snapshots").fetchone()[0]
         return {
             "path": str(self.path),
             "bytes_on_disk": sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*")),
