@@ -67,7 +67,7 @@ class Loop:
         self.started = False  # searchers started: only then is there anything to checkpoint at exit
         self.eval_s, self.t_train, self.t_loop, self.busy_before = 0.0, t_run, t_run, state.busy_s
         self.warned_dropped, self.warned_no_fresh = 0, False
-        self.freshness = Cadence(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)  # gaps between fresh samples, from prefill
+        self.freshness: Cadence | None = None  # gaps between fresh samples, timed from the first update (run)
 
     # ---- the algorithm -------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -80,6 +80,7 @@ class Loop:
         self.started = True
         self.t_train, self.eval_s = time.perf_counter(), 0.0  # eval_s: evaluation time, excluded from train_s
         self.prefill()
+        self.freshness = Cadence(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)
         self.freshness.start()  # the aging-buffer clock runs from the first update on
         self.t_loop, self.busy_before = time.perf_counter(), s.busy_s
         shown = self.cfg.logging
@@ -189,7 +190,6 @@ class Loop:
         """An async trainer never waits for samples: say so when it keeps training on an aging buffer, on the
         run's own time scale (the limit is learnt from the gaps between fresh samples so far)."""
         clock = self.freshness
-        clock.cap_s = NO_FRESH_WARN_S
         if fresh or not self.runtime.searchers:
             clock.tick()
             self.warned_no_fresh = False

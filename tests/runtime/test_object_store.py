@@ -43,3 +43,18 @@ def test_the_receiver_loads_only_newer_weights_on_its_device():
     assert receiver.poll(searcher) == 0.0  # consumed
     receiver.offer(2, {"w": torch.zeros(3)})  # the start weights re-sent at the same version: not reloaded
     assert receiver.poll(searcher) == 0.0 and len(searcher.loaded) == 1
+
+
+def test_a_version_every_searcher_already_holds_is_not_put(monkeypatch):
+    """Searchers start from the model sources (version 0): a fresh run's start weights are never copied into
+    the object store, and a resume's are (its searchers still hold version 0)."""
+    import sys
+    from types import SimpleNamespace
+
+    put = []
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(put=lambda w: put.append(w) or "ref"))
+    sender = ObjectStoreSender(num_searchers=2)
+    sender.publish({"w": torch.zeros(2)}, 0)
+    assert put == [] and sender.attach(0) == ()
+    sender.publish({"w": torch.ones(2)}, 5)
+    assert len(put) == 1 and sender.attach(0) == (5, "ref") and sender.attach(1) == (5, "ref")

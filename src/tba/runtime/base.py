@@ -66,12 +66,12 @@ class Runtime(Protocol):
         """Stop every searcher and release every process or daemon this runtime started."""
 
 
-def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None = None,
-                   version: int = 0):
+def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None = None):
     """Construct searcher `rank` inside a worker (process or actor) from plain, picklable inputs.
 
     `state` (a searcher's `state_dict`, plus `rng`: its process's RNG states) resumes a searcher where the
-    trainer last heard from it; `version` is the policy version of the weights in `sources.policy`.
+    trainer last heard from it. The searcher holds `sources.policy`, the run's start: version 0, whatever the
+    trainer's version; the weight transport brings it the trainer's (on a resume too).
     """
     torch.set_num_threads(threads)
     from tba.config import from_dict
@@ -95,7 +95,6 @@ def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: in
     sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=device, seed=seed)
     searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed, shard=rank,
                         num_shards=cfg.search.num_searchers)
-    searcher.version = version
     restore_searcher(searcher, state)
     return searcher
 

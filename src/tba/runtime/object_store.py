@@ -26,12 +26,14 @@ class ObjectStoreSender:
 
     def __init__(self, num_searchers: int):
         self.latest: tuple[int, object] | None = None  # (version, ObjectRef)
-        self.sent = [-1] * num_searchers  # the newest version each searcher has been handed
+        self.sent = [0] * num_searchers  # the newest version each searcher holds: 0, the model sources', at start
 
     def spec(self) -> ObjectStoreSpec:
         return ObjectStoreSpec()
 
     def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        if all(held >= version for held in self.sent):
+            return  # every searcher holds it already (the start's weights, version 0): nothing to put
         import ray
 
         self.latest = (version, ray.put(_cpu(weights)))  # the copy is made here: the trainer may step on
@@ -44,7 +46,7 @@ class ObjectStoreSender:
         return self.latest
 
     def rejoin(self, rank: int) -> None:
-        self.sent[rank] = -1  # its replacement gets the newest version with its first call
+        self.sent[rank] = 0  # its replacement starts from the model sources and gets the newest with its first call
 
     def check(self) -> None:
         pass

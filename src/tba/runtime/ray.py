@@ -47,8 +47,8 @@ except ImportError:  # the optional extra is missing
 
 class _SearcherActor:
     def __init__(self, rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None,
-                 version: int, weights_spec):
-        self.searcher = build_searcher(rank, cfg_dict, sources, threads, state, version)
+                 weights_spec):
+        self.searcher = build_searcher(rank, cfg_dict, sources, threads, state)
         self.rank, self.t_start, self.busy, self.sync_s = rank, time.perf_counter(), 0.0, 0.0
         self.receiver, self._weights_spec = None, weights_spec
 
@@ -116,14 +116,14 @@ class RayRuntime(WorkerRuntime):
             max_task_retries=0)
         cfg_dict = to_dict(self.cfg)
         # broadcast: the store listens on this (the driver's) node's IP, every actor loads the weights before it
-        # is ready; object_store: they ride with each actor's first call (a no-op load unless resumed)
+        # is ready; object_store: they ride with each actor's first call (nothing to send unless resumed)
         self.transport = make_sender(self.transport_kind, self._initial, num_searchers=s.num_searchers,
                                      timeout_s=s.ready_timeout_s, host=ray.util.get_node_ip_address())
         self.transport.publish(self._initial, self._version)
         self._initial = None
         spec = self.transport.spec()
-        self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], self._version,
-                                        spec) for rank in range(s.num_searchers)]
+        self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], spec)
+                       for rank in range(s.num_searchers)]
         self._placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
         if not self.sync:
             for i in range(len(self.actors)):

@@ -16,7 +16,6 @@ searcher's process, tba.samplers.vllm). `search.backend` picks one.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 
@@ -43,14 +42,10 @@ with a class that meets tba.samplers.base.Sampler and a `build` function, plus o
 def build_sampler(cfg, *, source: str, tokenizer, device, seed: int, policy=None):
     """`cfg.search.backend`'s sampler for one searcher (cfg: a RunConfig). `policy`: the hf backend samples
     with this model (the inline runtime passes a copy of the trainer's) instead of loading `source`."""
-    backend = cfg.search.backend
-    if backend in SAMPLERS:
-        module, function = SAMPLERS[backend].factory.split(":")
-        factory = getattr(importlib.import_module(module), function)
-    elif ":" in backend:  # your own: `module:build` or `file.py:build`, called like the registered ones
-        from tba.plugins import load_object
+    from tba.plugins import load_object
 
-        factory = load_object(backend, "search.backend")
-    else:
+    backend = cfg.search.backend
+    if backend not in SAMPLERS and ":" not in backend:  # your own: `module:build` or `file.py:build`
         raise ValueError(f"unknown search.backend {backend!r}; choose one of {', '.join(SAMPLERS)} or module:build")
-    return factory(cfg, source, tokenizer, device, seed, policy)
+    spec = SAMPLERS[backend].factory if backend in SAMPLERS else backend
+    return load_object(spec, "search.backend")(cfg, source, tokenizer, device, seed, policy)
