@@ -222,6 +222,9 @@ class TBConfig:
     """Step at which β reaches beta_final (T_target). None = constant beta_init."""
     beta_hard_stop_step: int | None = None
     """From this step on β = beta_final (T_stop; the paper's abrupt TL;DR stop). None = no hard stop."""
+    residual_clip: float | None = None
+    """c of a Huber TB loss: δ² for |δ| ≤ c, 2c|δ| − c² beyond, so no sample pushes harder than 2c (the same
+    zero, hence the same fixed point π*). None = the paper's squared residual."""
 
 
 @dataclass

@@ -146,7 +146,8 @@ class Trainer:
         group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
         loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,
                               behaviour_logp=behaviour_tok, reward=reward, group=group, beta=beta,
-                              cfg=self.baselines, max_tokens=self.max_tokens) * (len(responses) / tally.samples)
+                              cfg=self.baselines, tb=self.tb, max_tokens=self.max_tokens)
+        loss = loss * (len(responses) / tally.samples)
         logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
         ref = (ref_tok * mask).sum(-1)  # [N]
         tally.add_tb_residuals(logp, ref, reward.to(logp.dtype), group, beta)

@@ -19,6 +19,32 @@ def test_hand_computed_example():
     assert vargrad_log_z(logp, ref, reward, group, 0.5).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0])
 
 
+def test_huber_residual_by_hand():
+    # the example above: δ = (-0.5, 0.5, 0, 0). With c = 1 every |δ| ≤ c: the same loss as δ².
+    logp = torch.tensor([-1.0, -2.0, -3.0, -1.0], requires_grad=True)
+    ref = torch.tensor([-1.5, -1.5, -2.0, -2.0])
+    reward = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    group = torch.tensor([7, 7, 3, 3])
+    assert vargrad_tb_loss(logp, ref, reward, group, 0.5, residual_clip=1.0).item() == pytest.approx(0.125)
+    # c = 0.25: ρ(±0.5) = 2·0.25·0.5 − 0.0625 = 0.1875 → L = (0.1875 + 0.1875 + 0 + 0) / 4
+    loss = vargrad_tb_loss(logp, ref, reward, group, 0.5, residual_clip=0.25)
+    assert loss.item() == pytest.approx(0.09375)
+    # dL/dlog π_j = (1/N)·2·clamp(δ_j, −c, c) (log Ẑ is detached): (−0.5, 0.5, 0, 0)/4·... clamped to ±0.25
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert grad.tolist() == pytest.approx([-0.125, 0.125, 0.0, 0.0])
+
+
+def test_huber_residual_keeps_the_fixed_point():
+    # at π*, log π − log π_ref − r/β is the same for every sample of a prompt: δ = 0 and no gradient, clipped or not
+    torch.manual_seed(0)
+    ref, reward = torch.randn(8), torch.rand(8)
+    group = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    logp = (ref + reward / 0.05 - torch.tensor([3.0] * 4 + [-2.0] * 4)).requires_grad_()
+    for clip in (None, 0.5, 5.0):
+        loss = vargrad_tb_loss(logp, ref, reward, group, 0.05, residual_clip=clip)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert loss.item() == pytest.approx(0.0, abs=1e-8)
+        assert grad.abs().max().item() < 1e-6
 
 
 def test_on_policy_gradient_is_mean_baseline_reinforce_on_kl_shaped_reward():

@@ -8,8 +8,8 @@ first use.
     per_token        the loss takes [N, R] per-token log-probs and a mask; otherwise [N] sequence sums
     reads_behaviour  it uses the searchers' behaviour log-probs (importance ratios): samples must carry them
     owns_reference   the trainer keeps and updates its own π_ref copy (TBA′ resets it every ρ steps)
-    options          the loss's keyword arguments: "beta" is the scheduled β, any other value names a
-                     field of the `baselines` config section
+    options          the loss's keyword arguments: "beta" is the scheduled β, "tb.<field>" a field of the
+                     `tb` config section, any other value a field of the `baselines` section
 
 Calls: per-token  fn(logp, behaviour_logp, ref_logp, mask, reward, group, **options, max_tokens=R)
        sequence   fn(seq_logp, seq_ref_logp, reward, group, **options)
@@ -38,7 +38,8 @@ class Objective:
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
-    Objective("tb", "tba.objectives.tb:vargrad_tb_loss", False, False, False, (("beta", "beta"),),
+    Objective("tb", "tba.objectives.tb:vargrad_tb_loss", False, False, False,
+              (("beta", "beta"), ("residual_clip", "tb.residual_clip")),
               "VarGrad Trajectory Balance (the paper's objective)"),
     Objective("dr_grpo", "tba.objectives.dr_grpo:dr_grpo_loss", True, True, False,
               (("clip_eps", "clip_eps"), ("kl_coef", "kl_coef")),
@@ -54,11 +55,12 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
 
 
 def objective_loss(name: str, *, logp, mask, ref_logp, behaviour_logp, reward, group, beta: float, cfg,
-                   max_tokens: int):
+                   max_tokens: int, tb=None):
     """logp, ref_logp, behaviour_logp, mask: [N, R] per-token (padding masked); reward, group: [N].
-    cfg: the `baselines` config section. Returns the scalar loss."""
+    cfg: the `baselines` config section; tb: the `tb` section. Returns the scalar loss."""
     spec = OBJECTIVES[name]
-    options = {kw: beta if source == "beta" else getattr(cfg, source) for kw, source in spec.options}
+    options = {kw: beta if source == "beta" else getattr(tb, source[3:]) if source.startswith("tb.")
+               else getattr(cfg, source) for kw, source in spec.options}
     if spec.per_token:
         return spec.fn()(logp, behaviour_logp, ref_logp, mask, reward, group, **options, max_tokens=max_tokens)
     # sequence-level: log π(y|x) = Σ_t log π(y_t | x, y_<t) over the response tokens, [N]
