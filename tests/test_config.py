@@ -76,6 +76,7 @@ def test_dotted_overrides_reach_into_task_options():
     ("eval.samples_per_prompt=-1", "eval.samples_per_prompt: must be ≥ 0"),
     ("model.lora.r=0", "model.lora.r: must be > 0"),
     ("tb.residual_clip=0", "tb.residual_clip: must be > 0"),
+    ("trainer.stale_lr_age=-1", "trainer.stale_lr_age: must be > 0"),
     ("search.backend=sglang", "search.backend: must be one of hf, vllm"),
     ("search.weight_transport=object_store", "search.weight_transport: object_store is Ray's"),
     ("search.weight_transport=shared runtime=ray", "search.weight_transport: shared needs"),

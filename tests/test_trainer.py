@@ -171,3 +171,16 @@ def test_tb_diagnostics_match_the_loss(tiny_model, tiny_tokenizer, draws):
     assert metrics["trainer/residual_std"] ** 2 == pytest.approx(metrics["trainer/loss"], rel=1e-4)
     assert metrics["trainer/residual_max"] >= metrics["trainer/residual_std"] > 0
     assert math.isfinite(metrics["trainer/log_z_mean"])
+
+
+def test_stale_lr_age_scales_the_step_by_the_median_sample_age(tiny_model, tiny_tokenizer, draws):
+    # samples 0..N−1 versions old behind a trainer at version 20: median age a → lr·min(1, a₀/a)
+    trainer = _trainer(tiny_model, tiny_tokenizer)
+    trainer.version = 20
+    aged = [Draw(d.prompt_id, d.prompt_tokens, [dataclasses.replace(s, version=20 - age) for s in d.samples],
+                 online=True) for d, age in zip(draws, (2, 8, 8, 12), strict=True)]
+    assert trainer.age_factor(aged) == 1.0  # off by default
+    trainer.cfg = dataclasses.replace(trainer.cfg, stale_lr_age=4.0)
+    assert trainer.age_factor(aged) == pytest.approx(4.0 / 8)  # ages 2,8,8,12 (K each): median 8
+    assert trainer.age_factor(aged[:1]) == 1.0  # median 2 ≤ a₀: the scheduled lr
+    assert trainer.step(aged)["trainer/lr"] == pytest.approx(1e-2 * 0.5)

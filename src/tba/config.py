@@ -62,7 +62,8 @@ POSITIVE = {
     "eval.temperature", "model.lora.r", "model.lora.alpha",
 }
 POSITIVE_OR_NONE = {"task.max_prompt_tokens", "buffer.max_samples", "checkpoint.every_steps",
-                    "trainer.max_replay_ratio", "tb.residual_clip"}
+                    "trainer.max_replay_ratio", "tb.residual_clip",
+                    "trainer.stale_lr_age"}
 PROBABILITY = {"buffer.online_prob", "task.teacher_slip_prob", "search.top_p", "eval.top_p", "model.lora.dropout"}
 
 DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "arith_tiny_cpu.yaml"

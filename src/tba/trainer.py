@@ -92,7 +92,19 @@ class Trainer:
         t = self.tb
         return beta_at(step, t.beta_init, t.beta_final, t.beta_decay_end_step, t.beta_hard_stop_step)
 
+    def age_factor(self, draws: list[Draw]) -> float:
+        """min(1, a₀/a), a = the median age of the update's samples in policy versions (trainer.stale_lr_age).
+        The median, not the mean: the few slots drawn from the whole history (1 − m) are hundreds of versions
+        old in a long run and would otherwise set the step size of every update."""
+        a0 = self.cfg.stale_lr_age
+        if a0 is None:
+            return 1.0
+        ages = sorted(self.version - s.version for d in draws for s in d.samples)
+        median = ages[len(ages) // 2] if ages else 0
+        return min(1.0, a0 / median) if median > 0 else 1.0
+
     def load_state(self, path, state: dict) -> None:
+
         """Continue from checkpoint `path` (tba.checkpoint): optimizer moments, counters, TBA′ reference.
         The policy weights were loaded with the model; LR and β are functions of the step."""
         from tba.checkpoint import load_optimizer
@@ -114,7 +126,7 @@ class Trainer:
         """One update on B prompt groups. Returns metrics; a non-finite loss or gradient skips the update."""
         t0 = time.perf_counter()
         step = self.version + 1
-        beta, lr = self.beta(step), self.cfg.lr * lr_factor(step, self.cfg)
+        beta, lr = self.beta(step), self.cfg.lr * lr_factor(step, self.cfg) * self.age_factor(draws)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.model.eval()
