@@ -184,3 +184,5 @@ def test_stale_lr_age_scales_the_step_by_the_median_sample_age(tiny_model, tiny_
     assert trainer.age_factor(aged) == pytest.approx(4.0 / 8)  # ages 2,8,8,12 (K each): median 8
     assert trainer.age_factor(aged[:1]) == 1.0  # median 2 ≤ a₀: the scheduled lr
     assert trainer.step(aged)["trainer/lr"] == pytest.approx(1e-2 * 0.5)
+    trainer.cfg = dataclasses.replace(trainer.cfg, sync_every_steps=0)  # never synced: no feedback loop, no scaling
+    assert trainer.age_factor(aged) == 1.0

@@ -272,7 +272,7 @@ class TrainerConfig:
     stale_lr_age: float | None = None
     """a₀: an update whose samples' median age a (policy versions behind the trainer) exceeds a₀ takes its step
     at lr·a₀/a — a delayed feedback loop stays stable only if gain × delay is bounded. None = the lr as
-    scheduled, whatever the data's age."""
+    scheduled, whatever the data's age. Not applied when sync_every_steps = 0 (no feedback loop)."""
     max_replay_ratio: float | None = None
     """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
     would pass it waits for fresh samples first. None = never wait (the paper's loop)."""

@@ -95,9 +95,11 @@ class Trainer:
     def age_factor(self, draws: list[Draw]) -> float:
         """min(1, a₀/a), a = the median age of the update's samples in policy versions (trainer.stale_lr_age).
         The median, not the mean: the few slots drawn from the whole history (1 − m) are hundreds of versions
-        old in a long run and would otherwise set the step size of every update."""
+        old in a long run and would otherwise set the step size of every update. Never-synced searchers
+        (sync_every_steps = 0) are exempt: their data do not depend on the trainer's updates, so there is no
+        delayed feedback loop to stabilise, only a fixed behaviour policy."""
         a0 = self.cfg.stale_lr_age
-        if a0 is None:
+        if a0 is None or self.cfg.sync_every_steps == 0:
             return 1.0
         ages = sorted(self.version - s.version for d in draws for s in d.samples)
         median = ages[len(ages) // 2] if ages else 0
