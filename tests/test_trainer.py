@@ -179,10 +179,11 @@ def test_stale_lr_age_scales_the_step_by_the_median_sample_age(tiny_model, tiny_
     trainer.version = 20
     aged = [Draw(d.prompt_id, d.prompt_tokens, [dataclasses.replace(s, version=20 - age) for s in d.samples],
                  online=True) for d, age in zip(draws, (2, 8, 8, 12), strict=True)]
-    assert trainer.age_factor(aged) == 1.0  # off by default
-    trainer.cfg = dataclasses.replace(trainer.cfg, stale_lr_age=4.0)
+    assert trainer.cfg.stale_lr_age == 4.0  # the default
     assert trainer.age_factor(aged) == pytest.approx(4.0 / 8)  # ages 2,8,8,12 (K each): median 8
     assert trainer.age_factor(aged[:1]) == 1.0  # median 2 ≤ a₀: the scheduled lr
     assert trainer.step(aged)["trainer/lr"] == pytest.approx(1e-2 * 0.5)
     trainer.cfg = dataclasses.replace(trainer.cfg, sync_every_steps=0)  # never synced: no feedback loop, no scaling
+    assert trainer.age_factor(aged) == 1.0
+    trainer.cfg = dataclasses.replace(trainer.cfg, sync_every_steps=1, stale_lr_age=None)  # off: the paper's lr
     assert trainer.age_factor(aged) == 1.0

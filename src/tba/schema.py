@@ -269,10 +269,11 @@ class TrainerConfig:
     """AdamW weight decay."""
     max_grad_norm: float | None = None
     """None = no clipping (as the paper)."""
-    stale_lr_age: float | None = None
+    stale_lr_age: float | None = 4.0
     """a₀: an update whose samples' median age a (policy versions behind the trainer) exceeds a₀ takes its step
-    at lr·a₀/a — a delayed feedback loop stays stable only if gain × delay is bounded. None = the lr as
-    scheduled, whatever the data's age. Not applied when sync_every_steps = 0 (no feedback loop)."""
+    at lr·a₀/a — a delayed feedback loop stays stable only if gain × delay is bounded (TB at the recipes' lr
+    fell at k = 32 without it: bench/results/tb_stale_lr_age4.md). None = the lr as scheduled, whatever the
+    data's age (the paper). Not applied when sync_every_steps = 0 (no feedback loop)."""
     max_replay_ratio: float | None = None
     """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
     would pass it waits for fresh samples first. None = never wait (the paper's loop)."""
