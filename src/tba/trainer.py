@@ -106,7 +106,6 @@ class Trainer:
         return min(1.0, a0 / median) if median > 0 else 1.0
 
     def load_state(self, path, state: dict) -> None:
-
         """Continue from checkpoint `path` (tba.checkpoint): optimizer moments, counters, TBA′ reference.
         The policy weights were loaded with the model; LR and β are functions of the step."""
         from tba.checkpoint import load_optimizer

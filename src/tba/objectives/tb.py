@@ -43,9 +43,8 @@ def vargrad_tb_loss(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Te
     residual = log_z + logp - ref_logp - reward / beta  # δ
     if residual_clip is None:
         return residual.pow(2).mean()
-    c = residual_clip
-    a = residual.abs()
-    return torch.where(a <= c, residual.pow(2), 2 * c * a - c * c).mean()  # ρ_c(δ), dρ/dδ = 2·clamp(δ, −c, c)
+    # ρ_c(δ) = 2·huber_c(δ), torch's huber being δ²/2 within c and c(|δ| − c/2) beyond
+    return 2 * torch.nn.functional.huber_loss(residual, torch.zeros_like(residual), delta=residual_clip)
 
 
 def beta_at(step: int, beta_init: float, beta_final: float, decay_end_step: int | None,
