@@ -35,6 +35,9 @@ class StubRuntime:
     def __init__(self, events: list, next_pid: int = 0):
         self.events, self.version, self.pid = events, 0, next_pid
 
+    def launch(self):
+        self.events.append(("launch",))
+
     def start(self):
         self.events.append(("start",))
 
@@ -136,7 +139,7 @@ def test_groups_are_stored_before_they_can_be_drawn(harness):
     # prefill blocks for 8 samples (one batch of 2 groups × 4), then every step collects without waiting
     collects = [e for e in events if e[0] == "collect"]
     assert collects[0][1] is True and all(c[1] is False for c in collects[1:])
-    assert [e[0] for e in events[:4]] == ["start", "collect", "store", "window"]
+    assert [e[0] for e in events[:5]] == ["launch", "start", "collect", "store", "window"]
 
 
 def test_weights_are_published_every_k_updates_with_the_trainer_version(harness):

@@ -72,6 +72,7 @@ class Loop:
     # ---- the algorithm -------------------------------------------------------------------------------------
     def run(self) -> dict:
         s, t = self.state, self.cfg.trainer
+        self.runtime.launch()  # searchers import and load their models while the trainer evaluates (not generate)
         if not s.evals:
             self.t_train = time.perf_counter()
             self.evaluate()

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,27 @@ def test_inline_runtime_is_sync_only(tmp_path, capsys):
     assert code == 2 and "mode: the inline runtime" in capsys.readouterr().err
     code, out = run(tmp_path, "runtime=inline", "mode=sync")
     assert code == 0 and json.loads((out / "summary.json").read_text())["trainer_steps"] == 8
+
+
+@pytest.mark.slow
+def test_searchers_load_during_the_first_evaluation_and_generate_only_after_it(tmp_path, monkeypatch):
+    """Launched before the trainer's first evaluation, a local searcher imports and loads its models meanwhile
+    (it reports ready), but sends no samples until `start`: the evaluation stays the policy's alone."""
+    from tba.loop import Loop
+
+    original, seen = Loop.evaluate, []
+
+    def evaluate(self):
+        if not seen:  # the first evaluation: the searcher was launched before it
+            q, deadline = self.runtime.queue, time.monotonic() + 120
+            while q.qsize() < 1 and time.monotonic() < deadline:  # its "ready" message
+                time.sleep(0.05)
+            time.sleep(2.0)  # long enough for a searcher that did not wait to send a batch
+            seen.append(q.qsize())
+        return original(self)
+
+    monkeypatch.setattr(Loop, "evaluate", evaluate)
+    code, out = run(tmp_path, "runtime=local", "mode=async", "trainer.steps=4", "eval.every_steps=4")
+    assert code == 0
+    assert seen == [1]  # ready, and nothing else, before the first evaluation ended
+    assert not multiprocessing.active_children() and not child_processes()

@@ -49,8 +49,14 @@ class Runtime(Protocol):
     searchers: int
     """How many searchers produce samples (0: none, the loop trains on what the buffer was restored with)."""
 
+    def launch(self) -> None:
+        """Begin starting the searchers and return at once (processes spawn, import, load their models); they
+        wait, ready, for `start`. The loop launches before its first evaluation so that the two overlap: a
+        searcher process's imports and model load are seconds the trainer would otherwise wait for."""
+
     def start(self) -> None:
-        """Start the searchers; returns once every searcher is ready (or raises)."""
+        """Start the searchers (launching them first if `launch` was not called); returns once every searcher
+        is ready (or raises)."""
 
     def collect(self, block: bool) -> list[Group]:
         """Groups produced since the last call. block=True waits (with a timeout) for fresh ones: at least

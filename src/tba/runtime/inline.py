@@ -23,6 +23,9 @@ class InlineRuntime:
         self.searcher = searcher
         self.t_start = time.perf_counter()
 
+    def launch(self) -> None:
+        pass  # the searcher lives in this process: nothing to start ahead
+
     def start(self) -> None:
         self.t_start = time.perf_counter()
 
@@ -52,6 +55,9 @@ class OfflineRuntime:
     """No searchers at all: the loop trains on whatever the buffer was restored with (runtime=offline)."""
 
     searchers = 0
+
+    def launch(self) -> None:
+        pass
 
     def start(self) -> None:
         pass

@@ -12,18 +12,20 @@ anywhere: `publish` copies the weights out of the trainer and returns; a searche
 (`Searcher.load_weights`) when it finishes its current batch. In sync mode the searchers generate only when
 the loop asks (one batch each per request), which turns the same components into the alternating baseline.
 
-Lifecycle: spawn → each child loads its models and reports "ready" (deadline `search.ready_timeout_s`,
-liveness polled). A child that raises (its traceback is sent) or dies (kill -9, OOM: seen by the liveness
-check) is restarted from its last reported prompt cursor and the newest weights while training goes on, up
-to `search.max_restarts` per run; one more failure raises SearcherError with the traceback. So is a searcher
-that is alive but silent (hung, deadlocked, SIGSTOPped): one that owes a batch — async: always, sync: once
-asked — and stays silent past its heartbeat (learnt from its own batch times, capped by
+Lifecycle: `launch` spawns (the loop calls it before the trainer's first evaluation) → each child imports, loads
+its models and reports "ready", then waits for `go` → `start` waits for every "ready" (deadline
+`search.ready_timeout_s` from `start`, liveness polled) and sets `go`: a child's seconds of start-up overlap the
+evaluation, and no sample is generated before it ends. A child that raises (its traceback is sent) or dies
+(kill -9, OOM: seen by the liveness check) is restarted from its last reported prompt cursor and the newest weights
+while training goes on, up to `search.max_restarts` per run; one more failure raises SearcherError with the
+traceback. So is a searcher that is alive but silent (hung, deadlocked, SIGSTOPped): one that owes a batch — async:
+always, sync: once asked — and stays silent past its heartbeat (learnt from its own batch times, capped by
 `search.heartbeat_timeout_s`; tba.runtime.supervision) is killed and restarted the same way; a restarted one has
-`search.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry
-(rank, incarnation) so a dead child's late error is not counted twice; its groups are still kept. With
-`broadcast`, the replacement joins a new group that the trainer forms with every searcher (see broadcast.py).
-Stop → event, join, terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns shutdown)
-and exit on their own if the parent disappears, so no process outlives the run.
+`search.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry (rank, incarnation) so a
+dead child's late error is not counted twice; its groups are still kept. With `broadcast`, the replacement joins a
+new group that the trainer forms with every searcher (see broadcast.py). Stop → event, join, terminate, kill, each
+with a timeout. Children ignore Ctrl-C (the parent owns shutdown) and exit on their own if the parent disappears,
+so no process outlives the run.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class WorkerArgs:
     stop: object
     request: object | None
     """Sync mode: a semaphore the trainer releases once per batch it asks for; async: None."""
+    go: object
+    """Set by `start`: a searcher launched early waits, ready, until the trainer's first evaluation is over."""
     parent_pid: int
 
 
@@ -77,6 +81,10 @@ def _searcher_main(a: WorkerArgs):
         receiver = a.weights.open(rank, searcher.reference.device, "127.0.0.1")
         receiver.load_initial(searcher)  # the newest published weights, whatever `sources` holds
         out_q.put(("ready", tag, None))
+        while not a.go.wait(0.2):  # launched before the trainer's first evaluation: generate from `start` on
+            if stop.is_set() or os.getppid() != parent_pid:
+                out_q.cancel_join_thread()
+                return
         t_start, busy, sync_s = time.perf_counter(), 0.0, 0.0
         while not stop.is_set():
             if os.getppid() != parent_pid:
@@ -120,7 +128,11 @@ class LocalRuntime(WorkerRuntime):
         self._incarnation = [0] * self.n
         self._owed = [0] * self.n  # sync mode: batches each rank has been asked for and not yet delivered
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """Spawn the searchers and return: they import, load their models and report ready while the trainer
+        goes on (its first evaluation); they generate only once `start` sets `go`."""
+        if self._procs:
+            return
         ctx = self._ctx = mp.get_context("spawn")
         self.transport = make_sender(self.transport_kind, self._initial, num_searchers=self.n, ctx=ctx,
                                      timeout_s=self.cfg.search.ready_timeout_s)
@@ -129,13 +141,18 @@ class LocalRuntime(WorkerRuntime):
         self.queue = ctx.Queue(maxsize=16 * self.n)
         self.stop_event = ctx.Event()
         self.requests = [ctx.Semaphore(0) if self.sync else None for _ in range(self.n)]
+        self.go = ctx.Event()
         self._procs = [self._spawn(rank) for rank in range(self.n)]
         self._placement = [{"rank": r, "pid": p.pid, "host": socket.gethostname()} for r, p in enumerate(self._procs)]
+
+    def start(self) -> None:
+        self.launch()
         ready, deadline = set(), time.monotonic() + self.cfg.search.ready_timeout_s
         while len(ready) < self.n:
             kind, rank, _ = self._get(deadline, "to start")
             if kind == "ready":
                 ready.add(rank)
+        self.go.set()
 
     def _child_env(self) -> dict[str, str]:
         """Variables a searcher process needs from its first instruction: vLLM on CPU runs several times
@@ -166,7 +183,7 @@ class LocalRuntime(WorkerRuntime):
     def _start_process(self, rank: int):
         args = WorkerArgs(rank, self._incarnation[rank], to_dict(self.cfg), self.sources, self.threads,
                           self._states[rank], self.transport.spec(), self.queue, self.stop_event, self.requests[rank],
-                          os.getpid())
+                          self.go, os.getpid())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
         p.start()
         return p

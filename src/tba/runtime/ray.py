@@ -100,7 +100,11 @@ class RayRuntime(WorkerRuntime):
         self._in_flight: dict = {}  # ObjectRef → actor index
         self._started_ray = False
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """Create the actors and return: Ray runs their constructors (imports, model loads) while the trainer
+        goes on; `start` waits for them and only then submits work."""
+        if self.actors:
+            return
         if not ray.is_initialized():
             if self.cfg.ray.address:
                 ray.init(address=self.cfg.ray.address, log_to_driver=True)
@@ -124,6 +128,10 @@ class RayRuntime(WorkerRuntime):
         spec = self.transport.spec()
         self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], spec)
                        for rank in range(s.num_searchers)]
+
+    def start(self) -> None:
+        self.launch()
+        s = self.cfg.search
         self._placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
         if not self.sync:
             for i in range(len(self.actors)):
