@@ -33,7 +33,8 @@ Phases, seconds per update, exclusive (a timed phase nested in another is subtra
   logging        tba: runtime.report, step_metrics, MetricsLogger.log; TRL: _maybe_log_save_evaluate
   other          the update's wall time minus the phases above
   total          wall time from one update's end to the next's (evaluation excluded), mean over updates 2..N (the
-                 first is warm-up). Every row is that mean per repeat, then the median over --repeats.
+                 first is warm-up: its own row, "first update"). Every row is that mean per repeat, then the
+                 median over --repeats.
   evaluation     one held-out pass, not in the total: tba Loop.evaluate (median of its calls); TRL
                  tba.evaluate.greedy_accuracy once on the trained model (as bench/vs_trl.py evaluates it)
   start-up       launch to the first update. tba: from train(), SFT and the first evaluation excluded (models,
@@ -47,6 +48,10 @@ seconds per batch and load seconds per load from its reported stats; "fresh samp
 shows how much new data each update got. Run on an IDLE machine. Threads: tba inline all cores, tba local 1 + 1,
 TRL --trl-threads (default all cores). Last line: `per update (s): tba-sync X, tba-async Y, trl Z; start-up (s):
 tba A, trl B`, tba A being the default runtime's (async local).
+
+Overlap limit (issue 29 part 2): tba-sync-1t is tba-sync on one torch thread (threads=1 search.threads=1); from it
+and tba-sync the script prints how each side of an update scales from one thread to all cores, and the fastest
+update the machine allows: min(max(S(1), T(1)), S(all) + T(all)) — see overlap_limit().
 """
 
 from __future__ import annotations
@@ -85,7 +90,8 @@ PHASES = {"generation": "generation", "reference": "reference log-probs", "rewar
           "search other": "search other / wait", "buffer insert": "buffer insert", "buffer draw": "buffer draw",
           "collation": "collation / padding", "forward": "trainer forward", "backward": "backward",
           "optimizer": "optimizer", "publish": "weight publish / load", "logging": "logging"}
-SYSTEMS = ("tba-sync", "tba-async", "trl")
+SYSTEMS = ("tba-sync", "tba-async", "trl", "tba-sync-1t")
+SEARCH_SIDE = ("generation", "reference", "reward", "search other")  # what a searcher does for one update
 EXCLUDED = ("evaluation", "sft")  # timed, never part of an update or of start-up
 SMOKE_STEP = ["trainer.steps=3", "trainer.prompts_per_step=2", "trainer.samples_per_prompt=4",
               "search.max_new_tokens=8", "eval.max_new_tokens=8", "eval.batch_size=8", "threads=1", "search.threads=1"]
@@ -212,6 +218,7 @@ def per_update(extra: dict) -> dict:
     mean = {p: sum(u.get(p, 0.0) for u in ups) / len(ups) for p in [*PHASES, "total"]}
     mean["other"] = mean["total"] - sum(mean[p] for p in PHASES)
     return {"per_update": mean, "updates_timed": len(ups), "startup_s": TIMER.t_first - TIMER.t_launch - TIMER.excluded,
+            "first_update_s": TIMER.updates[0]["total"] if TIMER.updates else None,
             "eval_s": statistics.median(TIMER.evals) if TIMER.evals else None, **extra}
 
 
@@ -317,12 +324,41 @@ def table(results: dict[str, list[dict]]) -> str:
     for p, label in [*PHASES.items(), ("other", "other (unattributed)"), ("total", "**total per update**")]:
         out.append(f"| {label} | " + " | ".join(cell(s, p, med[s][p], results[s]) for s in cols) + " |")
     rows = {"fresh samples / update": ("fresh_per_update", ".1f"), "start-up (s)": ("startup_s", ".2f"),
+            "first update (s, not in total: warm-up)": ("first_update_s", ".3f"),
             "evaluation, one pass (s, not in total)": ("eval_s", ".3f")}
     for label, (key, spec) in rows.items():
-        vals = [[r[key] for r in results[s] if r[key] is not None] for s in cols]
+        vals = [[r[key] for r in results[s] if r.get(key) is not None] for s in cols]
         out.append(f"| {label} | " + " | ".join(format(statistics.median(v), spec) if v else "—" for v in vals) + " |")
     n = {s: (len(results[s]), results[s][0]["updates_timed"]) for s in cols}
     out.append("\nMedians over " + ", ".join(f"{s}: {r} repeats × {u} timed updates" for s, (r, u) in n.items()) + ".")
+    return "\n".join(out)
+
+
+def overlap_limit(results: dict[str, list[dict]]) -> str:
+    """The fastest an update could be on this machine, from tba-sync's phases at one and at all threads.
+
+    S(n), T(n): an update's search side (generation, reference, reward, search other) and the rest (trainer side),
+    seconds at n torch threads. Perfect overlap, one core each: max(S(1), T(1)); no overlap, all cores on each
+    phase in turn: S(n) + T(n). The limit is the smaller of the two (a split of one machine's cores between the
+    two sides cannot beat both)."""
+    if not (results.get("tba-sync") and results.get("tba-sync-1t")):
+        return ""
+
+    def sides(runs: list[dict]) -> tuple[float, float]:
+        s = statistics.median(sum(r["per_update"][p] for p in SEARCH_SIDE) for r in runs)
+        return s, statistics.median(r["per_update"]["total"] for r in runs) - s
+
+    (s1, t1), (sn, tn) = sides(results["tba-sync-1t"]), sides(results["tba-sync"])
+    limit = min(max(s1, t1), sn + tn)
+    out = [f"\n\n## Overlap limit (tba-sync phases at 1 and {os.cpu_count()} threads)\n",
+           "| side | 1 thread (s) | all cores (s) | speed-up |", "|---|---|---|---|",
+           f"| search (generation, reference, reward, search other) | {s1:.4f} | {sn:.4f} | {s1 / sn:.2f}× |",
+           f"| trainer (everything else) | {t1:.4f} | {tn:.4f} | {t1 / tn:.2f}× |",
+           f"\nPerfect overlap, one core each: max(S(1), T(1)) = {max(s1, t1):.4f} s; in turn on all cores: "
+           f"S + T = {sn + tn:.4f} s; **limit {limit:.4f} s per update**."]
+    if results.get("tba-async"):
+        a = statistics.median(r["per_update"]["total"] for r in results["tba-async"])
+        out.append(f" tba-async: {a:.4f} s per update, {a / limit:.2f}× the limit ({(a / limit - 1) * 100:+.0f} %).")
     return "\n".join(out)
 
 
@@ -358,12 +394,13 @@ def main(argv: list[str] | None = None) -> int:
                 if system == "trl":
                     res = run_trl(base, task, sft_dir, args, r)
                 else:
-                    rt = ["runtime=inline", "mode=sync"] if system == "tba-sync" else ["runtime=local", "mode=async"]
+                    rt = {"tba-sync": ["runtime=inline", "mode=sync"], "tba-async": ["runtime=local", "mode=async"],
+                          "tba-sync-1t": ["runtime=inline", "mode=sync", "threads=1", "search.threads=1"]}[system]
                     cfg = load_config(args.config, [*work, f"output_dir={args.out / f'{system}-r{r}'}", *rt])
                     res = run_tba(cfg, system)
                 results[system].append(res)
                 print(f"[{system} repeat {r}] {json.dumps(res)}", flush=True)
-    md = table(results)
+    md = table(results) + overlap_limit(results)
     print(md)
     if args.results:
         import transformers

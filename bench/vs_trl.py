@@ -22,7 +22,8 @@ model.policy=<dir> (a save_pretrained directory) replaces the SFT warm start for
 Dependency: TRL is a benchmark-only dependency (the `bench` extra: `pip install -c constraints.txt -e '.[bench]'`
 with torch pinned in constraints.txt; written against trl 1.16).
 
-Clocks. tba: its own training clock (searcher start-up and buffer prefill included, evaluation excluded);
+Clocks. tba: its own training clock (`Loop.train_s`: from the searchers being ready — their start-up is NOT included,
+bench/step_cost.py measures it — buffer prefill included, evaluation excluded);
 it runs trainer.steps steps (default recipe: 200, or --tba-steps), not a budget — if it finishes before the
 budget a warning is printed and its last evaluation stands. TRL: from on_train_begin, evaluation excluded; the
 callback stops training when the next step would end past --budget-s, so its last evaluation is inside the budget.
@@ -38,6 +39,9 @@ NCCLWeightTransferEngine (trl/experimental/async_grpo/weight_transfer.py; no glo
 NCCL needs CUDA devices, so it cannot run on this CPU-only machine. Compare it on a GPU machine.
 
 Known unfairness (not tuned away; report as measured):
+- Start-up: tba's clock starts once its searchers are ready, so a spawned searcher's imports and model load
+  (seconds: bench/results/step_cost_hard.md, start-up row) are not on it, while TRL needs none. This favours tba
+  async; add step_cost's start-up difference for launch-to-accuracy.
 - Objectives differ by design: tba = VarGrad TB with β (an implicit KL to the SFT reference, sequence-level
   residual on summed log-probs); TRL = GRPO defaults, loss_type "dapo" (per-token normalisation, group-std
   advantages), beta = 0.0 (TRL's default: no KL, no reference model), PPO clip inactive (one update per
@@ -302,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"# bench/vs_trl.py\n\n- date: {datetime.date.today()}\n- machine: {platform.machine()}, "
               f"{os.cpu_count()} cores, torch {torch.__version__}, trl {trl.__version__}, no GPU\n"
               f"- command: `python bench/vs_trl.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"
-              f"- clocks: evaluation excluded; tba includes searcher start-up and prefill; only evaluations at "
+              "- clocks: evaluation excluded; tba from its searchers being ready (their start-up excluded: "
+              "bench/step_cost.py measures it), prefill included; TRL from on_train_begin; only evaluations at "
               f"or before the {args.budget_s:.0f} s budget count. The script docstring lists every known "
               "unfairness.\n\n")
     args.results.parent.mkdir(parents=True, exist_ok=True)
