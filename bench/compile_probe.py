@@ -4,22 +4,28 @@ The trainer step of `arith_hard_cpu` at one torch thread (what a trainer gets be
 response_logprobs + backward on 64 sequences (prompt 10 tokens, responses 5-12 tokens, a fixed seed), eager vs
 torch.compile(model, dynamic=True). Prints the median step of each and the compile warm-up.
 
-    python bench/compile_probe.py [SFT_DIR]     # default: the cached arith_hard_cpu seed-0 warm start
+    python bench/compile_probe.py [SFT_DIR]     # default: arith_hard_cpu's seed-0 warm start (tba.sft, cached)
 """
 
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+from tba import sft
+from tba.config import load_config
 from tba.generation import response_logprobs
 from tba.models import load_model
+from tba.tasks.prepare import build_task
 
 torch.set_num_threads(1)
-src = sys.argv[1] if len(sys.argv) > 1 else str(Path.home() / ".cache/tba/sft-arith-858af48ef315917c")
+if len(sys.argv) > 1:
+    src = sys.argv[1]
+else:
+    cfg = load_config("arith_hard_cpu", [])
+    src = str(sft.warm_start(cfg, build_task(cfg)))
 model = load_model(src, "float32")
 model.eval()
 rng = random.Random(0)

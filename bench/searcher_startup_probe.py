@@ -2,12 +2,11 @@
 is slower than TRL's). Run in a fresh process, as `build_searcher` runs in a spawned searcher: imports, model
 and tokenizer, the task (built and fitted to the prompt limit), the sampler.
 
-    python bench/searcher_startup_probe.py [RECIPE] [SFT_DIR]   # default: arith_hard_cpu, its cached seed-0 warm start
+    python bench/searcher_startup_probe.py [RECIPE] [SFT_DIR]   # default: arith_hard_cpu, seed-0 warm start (tba.sft)
 """
 
 import sys
 import time
-from pathlib import Path
 
 t0 = time.perf_counter()
 import torch  # noqa: E402
@@ -23,13 +22,18 @@ from tba.tasks.prepare import build_task, fit_prompts, prompt_limit  # noqa: E40
 t3 = time.perf_counter()
 print(f"import torch {t1 - t0:.2f} s, tba.models (transformers) {t2 - t1:.2f} s, samplers/tasks {t3 - t2:.2f} s")
 cfg = load_config(sys.argv[1] if len(sys.argv) > 1 else "arith_hard_cpu", [])
-src = sys.argv[2] if len(sys.argv) > 2 else str(Path.home() / ".cache/tba/sft-arith-858af48ef315917c")
+t = time.perf_counter()
+task = build_task(cfg)  # as the trainer builds it (a searcher passes its tokenizer: same prompts unless chat_template)
+print(f"build_task {time.perf_counter() - t:.2f} s ({len(task.train)} train prompts)")
+if len(sys.argv) > 2:
+    src = sys.argv[2]
+else:  # found (or trained, on a cache miss) the way every run finds it; not timed
+    from tba import sft  # noqa: E402
+
+    src = str(sft.warm_start(cfg, task))
 t = time.perf_counter()
 ref, tok = load_model(src, cfg.model.dtype), load_tokenizer(src)
 print(f"model + tokenizer {time.perf_counter() - t:.2f} s")
-t = time.perf_counter()
-task = build_task(cfg, tok)
-print(f"build_task {time.perf_counter() - t:.2f} s ({len(task.train)} train prompts)")
 t = time.perf_counter()
 fit_prompts(task, tok, prompt_limit(cfg, ref), cfg.task.long_prompts)
 print(f"fit_prompts {time.perf_counter() - t:.2f} s")

@@ -91,6 +91,8 @@ PHASES = {"generation": "generation", "reference": "reference log-probs", "rewar
           "collation": "collation / padding", "forward": "trainer forward", "backward": "backward",
           "optimizer": "optimizer", "publish": "weight publish / load", "logging": "logging"}
 SYSTEMS = ("tba-sync", "tba-async", "trl", "tba-sync-1t")
+TBA_RUNTIMES = {"tba-sync": ["runtime=inline", "mode=sync"], "tba-async": ["runtime=local", "mode=async"],
+                "tba-sync-1t": ["runtime=inline", "mode=sync", "threads=1", "search.threads=1"]}
 SEARCH_SIDE = ("generation", "reference", "reward", "search other")  # what a searcher does for one update
 EXCLUDED = ("evaluation", "sft")  # timed, never part of an update or of start-up
 SMOKE_STEP = ["trainer.steps=3", "trainer.prompts_per_step=2", "trainer.samples_per_prompt=4",
@@ -394,9 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 if system == "trl":
                     res = run_trl(base, task, sft_dir, args, r)
                 else:
-                    rt = {"tba-sync": ["runtime=inline", "mode=sync"], "tba-async": ["runtime=local", "mode=async"],
-                          "tba-sync-1t": ["runtime=inline", "mode=sync", "threads=1", "search.threads=1"]}[system]
-                    cfg = load_config(args.config, [*work, f"output_dir={args.out / f'{system}-r{r}'}", *rt])
+                    cfg = load_config(args.config, [*work, f"output_dir={args.out / f'{system}-r{r}'}",
+                                                    *TBA_RUNTIMES[system]])
                     res = run_tba(cfg, system)
                 results[system].append(res)
                 print(f"[{system} repeat {r}] {json.dumps(res)}", flush=True)
