@@ -256,6 +256,35 @@ def plot(rows: list[dict], path: Path, budget: float, target: float) -> None:
     plt.close(fig)
 
 
+def raw_rows(path: Path) -> list[dict]:
+    """The per-run rows a results file carries in its ```json block (what every table is computed from)."""
+    text = path.read_text()
+    if "```json\n" not in text:
+        raise SystemExit(f"{path}: no ```json block of raw rows (not written by bench/vs_trl.py?)")
+    return json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
+
+
+def merge(args) -> int:
+    """--merge: the union of several results files' rows (a seed in two files is an error), one report."""
+    rows = [r for path in args.merge for r in raw_rows(path)]
+    keys = [(r["system"], r["seed"]) for r in rows]
+    if dupes := sorted({k for k in keys if keys.count(k) > 1}):
+        raise SystemExit(f"--merge: {dupes} occur in more than one file")
+    if args.budget_s is None or args.results is None:
+        raise SystemExit("--merge needs --budget-s (the budget the runs used) and --results")
+    args.seeds = sorted({r["seed"] for r in rows})
+    md = report(rows, args)
+    print(md)
+    sources = ", ".join(f"[{p.name}]({p.name})" for p in args.merge)
+    header = (f"# bench/vs_trl.py --merge\n\n- date: {datetime.date.today()}\n- merged from {sources} (their raw rows;"
+              " each file names its command, machine and clocks)\n"
+              f"- command: `python bench/vs_trl.py {' '.join(sys.argv[1:])}`\n\n")
+    args.results.write_text(header + md + f"\n\n![accuracy vs wall-clock]({args.results.with_suffix('.png').name})"
+                            "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+    plot(rows, args.results.with_suffix(".png"), args.budget_s, args.target)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="recipe (path or packaged name); default: the embedded default")
@@ -272,12 +301,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="default bench/results/vs_trl.md (--smoke: bench/_out/vs_trl/smoke.md)")
     ap.add_argument("overrides", nargs="*", help="tba config overrides key=value (also shape TRL's settings)")
     ap.add_argument("--replot", type=Path, default=None, help="only redraw the figure of an existing results file")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="no runs: one table and figure (--results) from the raw rows of these results files, "
+                         "e.g. seeds run in two invocations with the same command otherwise")
     args = ap.parse_args(argv)
     if args.replot:
-        text = args.replot.read_text()
-        rows = json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
+        rows = raw_rows(args.replot)
         plot(rows, args.replot.with_suffix(".png"), args.budget_s or max(r["train_s"] for r in rows), args.target)
         return 0
+    if args.merge:
+        return merge(args)
     args.budget_s = args.budget_s or (10.0 if args.smoke else 60.0)
     args.eval_every = args.eval_every or (5 if args.smoke else 10)
     args.trl_threads = args.trl_threads or (1 if args.smoke else os.cpu_count() or 1)

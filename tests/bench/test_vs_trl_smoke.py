@@ -31,3 +31,29 @@ def test_vs_trl_smoke_writes_a_row_per_system(tmp_path, monkeypatch):
     assert all(r["steps"] >= 1 and r["evals"][0][0] == 0 for r in rows)
     assert results.with_suffix(".png").stat().st_size > 10_000  # the accuracy-vs-wall-clock figure
     assert rows[2]["train_s"] < 30  # the callback stopped TRL at its 5 s budget (max_steps is 10**6)
+
+
+def _row(system: str, seed: int, t: float | None) -> dict:
+    return {"system": system, "seed": seed, "acc_start": 0.15, "time_to_target_s": t, "acc_at_budget": 0.8,
+            "acc_at_budget_step": 300, "steps": 300, "train_s": 100.0, "s_per_step": 0.33, "reward_end": 0.7,
+            "evals": [[0, 0.15, 0.0], [20, 0.7, 40.0]]}
+
+
+def test_merge_reports_the_union_of_two_files_and_refuses_a_seed_twice(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("vs_trl", BENCH)
+    vs_trl = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "vs_trl", vs_trl)
+    spec.loader.exec_module(vs_trl)
+    a, b, out = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "ab.md"
+    a.write_text("# x\n\n```json\n" + json.dumps([_row("tba", 0, 30.0), _row("trl-grpo", 0, 40.0)]) + "\n```\n")
+    b.write_text("```json\n" + json.dumps([_row("tba", 3, 50.0), _row("trl-grpo", 3, 20.0)]) + "\n```\n")
+    assert vs_trl.main(["--merge", str(a), str(b), "--budget-s", "120", "--results", str(out)]) == 0
+    text = out.read_text()
+    assert "merged from [a.md](a.md), [b.md](b.md)" in text
+    assert "- seed 0: TRL time-to-60% / tba time-to-60% = 1.33×" in text
+    assert "- seed 3: TRL time-to-60% / tba time-to-60% = 0.40×" in text
+    assert "tba: accuracy at 120 s median 80.0% (range 80.0%–80.0%); time to 60% median 40.0 s over the 2/2" in text
+    assert len(json.loads(text.split("```json\n")[1].split("```")[0])) == 4
+    with pytest.raises(SystemExit, match="more than one file"):
+        vs_trl.main(["--merge", str(a), str(a), "--budget-s", "120", "--results", str(out)])
