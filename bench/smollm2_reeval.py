@@ -83,7 +83,12 @@ def main() -> None:
                     " of the differences)")
     ap.add_argument("--extra", type=int, default=1200, help="problems drawn past the train range, before filtering")
     ap.add_argument("--results", type=Path, default=None)
+    ap.add_argument("--from-json", type=Path, default=None, help="score nothing: rewrite --results from the raw "
+                    "data an earlier invocation wrote")
     args = ap.parse_args()
+    if args.from_json:
+        write(args.results, json.loads(args.from_json.read_text()))
+        return
 
     from tba.config import load_config
     from tba.models import load_tokenizer, resolve_source
@@ -112,33 +117,46 @@ def main() -> None:
         print(f"seed {seed} update {step}: {100 * score:.1f} ± {stderr(score, len(rewards)):.1f} on {len(rewards)}; "
               f"{100 * first:.1f} on the run's own {own}  ({rows[-1]['seconds']} s)", flush=True)
     if args.results:
-        write(args, rows, own)
+        write(args.results, {"date": str(datetime.date.today()), "machine": f"{platform.machine()}, 2 cores, no GPU",
+                             "command": f"python {' '.join(sys.argv)}", "own": own, "first_step": args.steps[0],
+                             "rows": rows})
 
 
-def write(args, rows: list[dict], own: int) -> None:
+def write(path: Path, raw: dict) -> None:
+    """The table, computed from `raw` (also written, as `path` with .json): every checkpoint's score on the whole
+    set and on the run's own problems, and each run's change since its first scored checkpoint on the whole set,
+    on the run's own problems and on the others, with paired standard errors."""
+    rows, own, first = raw["rows"], raw["own"], raw["first_step"]
+
     def pct(rs: list[float]) -> float:
         return 100 * sum(rs) / len(rs)
 
+    def change(a: list[float], b: list[float]) -> str:
+        return f"{pct(b) - pct(a):+.1f} ± {paired_se(a, b):.1f}"
+
     n = len(rows[0]["rewards"])
     lines = [f"# SmolLM2 checkpoints re-scored on {n} held-out problems", "",
-             f"- date: {datetime.date.today()}", f"- machine: {platform.machine()}, 2 cores, no GPU",
-             f"- command: `python {' '.join(sys.argv)}`",
-             f"- raw data (per-problem rewards of every checkpoint): "
-             f"[{args.results.stem}.json]({args.results.stem}.json)",
+             f"- date: {raw['date']}", f"- machine: {raw['machine']}", f"- command: `{raw['command']}`",
+             f"- raw data (per-problem rewards of every checkpoint): [{path.stem}.json]({path.stem}.json)",
              f"- greedy, the runs' own evaluation settings; ± is one binomial standard error over the {n} problems; "
-             f"the difference's ± is the paired standard error (same problems)", "",
-             f"| seed | update | score on {n} (%) | on the run's own {own} (%) | − update {args.steps[0]} (points) |",
-             "|---|---|---|---|---|"]
+             "a change's ± is the paired standard error (same problems, same two checkpoints)", "",
+             f"| seed | update | score on all {n} (%) | on the run's own {own} (%) | change since update {first}: "
+             f"all {n} | the run's own {own} | the other {n - own} |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         s = sum(r["rewards"]) / n
-        base = next((b for b in rows if b["seed"] == r["seed"] and b["step"] == args.steps[0]), None)
-        diff = "—" if base is None or base is r else (
-            f"{pct(r['rewards']) - pct(base['rewards']):+.1f} ± {paired_se(base['rewards'], r['rewards']):.1f}")
+        base = next((b for b in rows if b["seed"] == r["seed"] and b["step"] == first), None)
+        if base is None or base is r:
+            changes = "— | — | —"
+        else:
+            a, b = base["rewards"], r["rewards"]
+            changes = f"{change(a, b)} | {change(a[:own], b[:own])} | {change(a[own:], b[own:])}"
         lines.append(f"| {r['seed']} | {r['step']} | {100 * s:.1f} ± {stderr(s, n):.1f} | "
-                     f"{pct(r['rewards'][:own]):.1f} | {diff} |")
-    args.results.write_text("\n".join(lines) + "\n")
-    args.results.with_suffix(".json").write_text(json.dumps(rows) + "\n")
-    print(f"wrote {args.results}")
+                     f"{pct(r['rewards'][:own]):.1f} | {changes} |")
+    old = path.read_text() if path.is_file() else ""
+    reading = old[old.index("\n## Reading"):] if "\n## Reading" in old else ""  # hand-written: kept on rewrite
+    path.write_text("\n".join(lines) + "\n" + reading)
+    path.with_suffix(".json").write_text(json.dumps(raw) + "\n")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
