@@ -10,7 +10,9 @@ on purpose: with `line`, a response that buries its answer in prose earns only t
 (for most datasets len(answer) ÷ len(response) when the answer occurs in it), so RL has a format to learn as
 well as the task, and a reward that guessed at prose could be gamed.
 
-Held-out problems come from a different seed; any question that also occurs in train is removed from train.
+Held-out problems come from seed + 1; any question that also occurs in train is removed from train. reasoning-gym
+draws item i from Random(seed + i), so that stream is the train stream shifted by one: train keeps about
+train_size − test_size problems (kept so, because every committed result used this split).
 Set `task.chat_template=true` for chat models (the recipes do). This task has no demonstrations, so it
 cannot warm-start the builtin tiny model; use a pretrained policy (`recipes/smollm2_rg_cpu.yaml`).
 """
