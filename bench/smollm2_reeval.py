@@ -10,8 +10,9 @@ the run trained on removed:
         --results bench/results/smollm2_reeval.md
 
 Greedy decoding, the run's own evaluation settings (max_new_tokens, batch size, chat template). Prints and writes a
-table of score and exact-match per checkpoint with each one's standard error; raw per-checkpoint numbers are
-written as JSON next to the results file.
+table: each checkpoint's score on the whole set and on the run's own problems, and each run's change since its
+first scored checkpoint with paired standard errors; every checkpoint's per-problem rewards go to a JSON file next
+to the results file, and `--from-json` rewrites the table from it without scoring anything.
 """
 
 from __future__ import annotations
