@@ -264,7 +264,7 @@ def raw_rows(path: Path) -> list[dict]:
     return json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
 
 
-def merge(args) -> int:
+def merge(args, argv: list[str] | None = None) -> int:
     """--merge: the union of several results files' rows (a seed in two files is an error), one report."""
     rows = [r for path in args.merge for r in raw_rows(path)]
     keys = [(r["system"], r["seed"]) for r in rows]
@@ -278,7 +278,7 @@ def merge(args) -> int:
     sources = ", ".join(f"[{p.name}]({p.name})" for p in args.merge)
     header = (f"# bench/vs_trl.py --merge\n\n- date: {datetime.date.today()}\n- merged from {sources} (their raw rows;"
               " each file names its command, machine and clocks)\n"
-              f"- command: `python bench/vs_trl.py {' '.join(sys.argv[1:])}`\n\n")
+              f"- command: `python bench/vs_trl.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n")
     args.results.write_text(header + md + f"\n\n![accuracy vs wall-clock]({args.results.with_suffix('.png').name})"
                             "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
     plot(rows, args.results.with_suffix(".png"), args.budget_s, args.target)
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, args.replot.with_suffix(".png"), args.budget_s or max(r["train_s"] for r in rows), args.target)
         return 0
     if args.merge:
-        return merge(args)
+        return merge(args, argv)
     args.budget_s = args.budget_s or (10.0 if args.smoke else 60.0)
     args.eval_every = args.eval_every or (5 if args.smoke else 10)
     args.trl_threads = args.trl_threads or (1 if args.smoke else os.cpu_count() or 1)
