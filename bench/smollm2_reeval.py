@@ -87,6 +87,8 @@ def main() -> None:
     ap.add_argument("--from-json", type=Path, default=None, help="score nothing: rewrite --results from the raw "
                     "data an earlier invocation wrote")
     args = ap.parse_args()
+    if args.from_json and not args.results:
+        ap.error("--from-json rewrites --results: name it")
     if args.from_json:
         write(args.results, json.loads(args.from_json.read_text()))
         return
@@ -100,11 +102,12 @@ def main() -> None:
     own = cfg.task.test_size
     print(f"held-out set: {len(prompts)} problems: the runs' own {own}, then {len(prompts) - own} of {args.extra} "
           f"drawn past the train range (questions in train and repeats removed)", flush=True)
-    tokenizer = load_tokenizer(resolve_source(cfg.model.policy))
+    base = resolve_source(cfg.model.policy)
+    tokenizer = load_tokenizer(base)
     if cfg.task.chat_template:
         apply_chat_template(task, tokenizer)
         prompts = task.test
-    jobs = [("all", 0, resolve_source(cfg.model.policy))]
+    jobs = [("all", 0, base)]
     for seed in args.seeds:
         if load_config(args.runs / f"seed{seed}" / "config.yaml").task != cfg.task:
             raise SystemExit(f"seed {seed}: its task differs from seed {args.seeds[0]}'s")

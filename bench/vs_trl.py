@@ -60,6 +60,7 @@ wall-clock per system: median over seeds and each seed); --replot FILE.md redraw
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -266,12 +267,12 @@ def raw_rows(path: Path) -> list[dict]:
 
 def merge(args, argv: list[str] | None = None) -> int:
     """--merge: the union of several results files' rows (a seed in two files is an error), one report."""
-    rows = [r for path in args.merge for r in raw_rows(path)]
-    keys = [(r["system"], r["seed"]) for r in rows]
-    if dupes := sorted({k for k in keys if keys.count(k) > 1}):
-        raise SystemExit(f"--merge: {dupes} occur in more than one file")
     if args.budget_s is None or args.results is None:
         raise SystemExit("--merge needs --budget-s (the budget the runs used) and --results")
+    rows = [r for path in args.merge for r in raw_rows(path)]
+    counts = collections.Counter((r["system"], r["seed"]) for r in rows)
+    if dupes := sorted(k for k, n in counts.items() if n > 1):
+        raise SystemExit(f"--merge: {dupes} occur in more than one file")
     args.seeds = sorted({r["seed"] for r in rows})
     md = report(rows, args)
     print(md)
