@@ -26,16 +26,16 @@ bench/results/fixed_point.md and fixed_point.png.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import contextlib
 import datetime
 import json
-import multiprocessing
 import os
 import platform
 import statistics
 import sys
 from pathlib import Path
+
+from workers import worker_pool
 
 from tba.objectives import OBJECTIVES as REGISTRY
 
@@ -202,8 +202,7 @@ def main() -> None:
              "out": str(args.out / f"{o}-{slug(c)}-s{s}")}
             for s in args.seeds for c in args.conditions for o in args.objectives]
     rows = []
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=ctx) as pool:
+    with worker_pool(args.workers) as pool:
         for row in pool.map(run_one, jobs):
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -16,10 +16,8 @@ runs go `--workers` at a time, one thread each. Writes bench/results/offpolicy.m
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import datetime
 import json
-import multiprocessing
 import os
 import platform
 import statistics
@@ -27,6 +25,7 @@ import sys
 from pathlib import Path
 
 from smoke import SMOKE_OVERRIDES
+from workers import worker_pool
 
 from tba.objectives import OBJECTIVES as REGISTRY
 
@@ -212,8 +211,7 @@ def main() -> None:
     print(f"{len(rows)} cells reused, {len(jobs)} to run", flush=True)
     if jobs:
         build_warm_starts(args)
-    ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=args.workers, mp_context=ctx) as pool:
+    with worker_pool(args.workers) as pool:
         for row in pool.map(run_one, jobs):
             print(json.dumps(row), flush=True)
             rows.append(row)
