@@ -77,13 +77,13 @@ def diagnostics(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=ROOT / "_out" / "smollm2_rg")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "smollm2_rg.md")
     ap.add_argument("overrides", nargs="*", help="config overrides for every seed, e.g. tb.residual_clip=1")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     raw = args.results.parent / args.results.stem
     rows = []
     for seed in args.seeds:
@@ -96,19 +96,25 @@ def main() -> None:
         metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
         metrics = [m for m in metrics if "trainer/grad_norm" in m or "staleness/mean" in m]
         rows.append({"seed": seed, "evals": summary["evals"], "wall_clock_s": summary["wall_clock_s"],
+                     "n_test": summary["test_problems"],
                      "quarters": {key: quarters(metrics, key) for key, _ in QUARTERS}})
     finals = [r["evals"][-1][1] * 100 for r in rows]
     gains = [(r["evals"][-1][1] - r["evals"][0][1]) * 100 for r in rows]
     drops = [r["evals"][-1][1] * 100 - max(a for _, a, _ in r["evals"]) * 100 for r in rows]
-    cmd = " ".join(["python bench/smollm2_seeds.py --seeds", *map(str, args.seeds), *args.overrides])
+    cmd = " ".join(["python bench/smollm2_seeds.py --seeds", *map(str, args.seeds), *args.overrides,
+                    *(["--results", str(args.results.relative_to(ROOT.parent))]
+                      if args.results.resolve().is_relative_to(ROOT.parent) else [])])
+    # One evaluation's binomial standard error at 60 %, from the held-out set the runs actually used.
+    n = min(r["n_test"] for r in rows)
+    noise = 100 * (0.6 * 0.4 / n) ** 0.5
     text = f"""# SmolLM2-135M-Instruct on reasoning-gym two-digit addition (`smollm2_rg_cpu`), {len(rows)} seeds
 
 - date: {datetime.date.today()}
 - machine: {platform.machine()}, 2 cores, no GPU
 - command: `{cmd}`
 - raw data: [{raw.name}/]({raw.name}/) (each seed's summary.json, metrics.jsonl, config.yaml)
-- held-out score: mean verifier reward of greedy answers on the task's 200 held-out problems (the same 200 for
-  every seed); binomial noise alone is ≈ ±3.5 points at 60 %
+- held-out score: mean verifier reward of greedy answers on the task's {n} held-out problems (the same {n} for
+  every seed); binomial noise alone is ≈ ±{noise:.1f} points (one standard error) at 60 %
 
 ## Held-out score (%) at each evaluation; the run's result is its final evaluation
 
