@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     gains = [(r["evals"][-1][1] - r["evals"][0][1]) * 100 for r in rows]
     drops = [r["evals"][-1][1] * 100 - max(a for _, a, _ in r["evals"]) * 100 for r in rows]
     cmd = " ".join(["python bench/smollm2_seeds.py --seeds", *map(str, args.seeds), *args.overrides,
-                    *(["--results", str(args.results.relative_to(ROOT.parent))]
+                    *(["--results", str(args.results.resolve().relative_to(ROOT.parent))]
                       if args.results.resolve().is_relative_to(ROOT.parent) else [])])
     # One evaluation's binomial standard error at 60 %, from the held-out set the runs actually used.
     n = min(r["n_test"] for r in rows)
