@@ -4,7 +4,8 @@ Each cell of bench/offpolicy.py or bench/fixed_point.py is a training run of min
 ProcessPoolExecutor worker only notices that its parent is gone when it next reads the call queue, so killing
 the benchmark (kill, a closed terminal, an out-of-memory kill) left every worker training its cell to the end,
 on cores a rerun then shared with them. On Linux each worker asks the kernel for SIGTERM when its parent dies
-(prctl PR_SET_PDEATHSIG); tba's SIGTERM handler, where a run installed one, stops the run after its step.
+(prctl PR_SET_PDEATHSIG); tba's SIGTERM handler (train() runs in the worker's main thread) ends the cell after
+its current step, with a checkpoint.
 """
 
 from __future__ import annotations

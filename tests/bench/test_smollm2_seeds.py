@@ -24,7 +24,7 @@ def _finished_run(out: Path, evals: list[float], n_test: int) -> None:
     (out / "config.yaml").write_text("seed: 0\n")
 
 
-def test_table_from_finished_runs(tmp_path, capsys):
+def test_table_from_finished_runs(tmp_path):
     seeds = _load()
     _finished_run(tmp_path / "runs" / "seed3", [0.15, 0.50, 0.70, 0.66, 0.68], 1000)
     _finished_run(tmp_path / "runs" / "seed4", [0.15, 0.45, 0.60, 0.64, 0.65], 1000)
