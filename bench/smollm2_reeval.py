@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from reading import write_keeping_reading
+
 
 def held_out(cfg, extra: int):
     """(task, prompts): the run's task, and its own held-out problems followed by up to `extra` more that no run
@@ -156,9 +158,7 @@ def write(path: Path, raw: dict) -> None:
             changes = f"{change(a, b)} | {change(a[:own], b[:own])} | {change(a[own:], b[own:])}"
         lines.append(f"| {r['seed']} | {r['step']} | {100 * s:.1f} ± {stderr(s, n):.1f} | "
                      f"{pct(r['rewards'][:own]):.1f} | {changes} |")
-    old = path.read_text() if path.is_file() else ""
-    reading = old[old.index("\n## Reading"):] if "\n## Reading" in old else ""  # hand-written: kept on rewrite
-    path.write_text("\n".join(lines) + "\n" + reading)
+    write_keeping_reading(path, "\n".join(lines))
     path.with_suffix(".json").write_text(json.dumps(raw) + "\n")
     print(f"wrote {path}")
 

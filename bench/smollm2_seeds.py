@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from reading import write_keeping_reading
+
 ROOT = Path(__file__).resolve().parent
 QUARTERS = (("trainer/grad_norm", "grad norm"), ("trainer/residual_std", "TB residual RMS"),
             ("trainer/log_z_mean", "log Ẑ"), ("trainer/log_ratio_mean", "log π/π_ref"),
@@ -101,9 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     finals = [r["evals"][-1][1] * 100 for r in rows]
     gains = [(r["evals"][-1][1] - r["evals"][0][1]) * 100 for r in rows]
     drops = [r["evals"][-1][1] * 100 - max(a for _, a, _ in r["evals"]) * 100 for r in rows]
-    cmd = " ".join(["python bench/smollm2_seeds.py --seeds", *map(str, args.seeds), *args.overrides,
-                    *(["--results", str(args.results.resolve().relative_to(ROOT.parent))]
-                      if args.results.resolve().is_relative_to(ROOT.parent) else [])])
+    cmd = " ".join(["python bench/smollm2_seeds.py", *(sys.argv[1:] if argv is None else argv)])
     # One evaluation's binomial standard error at 60 %, from the held-out set the runs actually used.
     n = min(r["n_test"] for r in rows)
     noise = 100 * (0.6 * 0.4 / n) ** 0.5
@@ -128,7 +128,7 @@ Wall-clock per run (s, evaluations included): {", ".join(f"{r['wall_clock_s']:.0
 
 {diagnostics(rows)}
 """
-    args.results.write_text(text)
+    write_keeping_reading(args.results, text)
     print(text)
 
 

@@ -3,12 +3,14 @@ with anything the run trained on; the paired standard error is that of the per-p
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("reasoning_gym")
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))  # the scripts import their bench/ helpers by plain name
 
 
 @pytest.fixture(scope="module")

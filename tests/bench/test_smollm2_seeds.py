@@ -3,9 +3,11 @@ final − peak and gain per seed, and the noise of one evaluation from the held-
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))  # the scripts import their bench/ helpers by plain name
 
 
 def _load():
