@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,12 +105,25 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=50, help="checkpoint.every_steps")
     ap.add_argument("--inline-steps", type=int, default=60)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--keep-runs", action="store_true", help="keep the run directories (printed)")
     args = ap.parse_args()
+    # Every run dir (with its checkpoints) lives under one temp root, removed at the end unless --keep-runs:
+    # the results file holds everything the table says.
+    root = Path(tempfile.mkdtemp(prefix="tba-resume-"))
+    try:
+        run_all(args, root)
+    finally:
+        if args.keep_runs:
+            print(f"run directories kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run_all(args, root: Path) -> None:
     extra = []
     if args.smoke:
         args.seeds, args.steps, args.kill_at, args.every, args.inline_steps = [0], 12, 7, 5, 12
-        extra = SMOKE + [f"sft.cache_dir={tempfile.mkdtemp()}"]
-    root = Path(tempfile.mkdtemp(prefix="tba-resume-"))
+        extra = SMOKE + [f"sft.cache_dir={root / 'sft-cache'}"]
     rows = []
     for seed in args.seeds:
         common = [f"seed={seed}", f"checkpoint.every_steps={args.every}", *extra]
@@ -121,8 +135,8 @@ def main() -> None:
         rows.append({"seed": seed, **pair(root, f"inline-sync-s{seed}", inline, args.inline_steps * 3 // 5)})
         print(json.dumps(rows[-1]), flush=True)
     text = render(rows, args)
-    out = RESULTS / "resume.md" if not args.smoke else root / "resume.md"
-    out.write_text(text)
+    if not args.smoke:
+        (RESULTS / "resume.md").write_text(text)
     print(text)
 
 

@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,12 +76,20 @@ def main() -> None:
     args = ap.parse_args()
     if args.compare:
         return compare(*map(Path, args.compare), Path(args.out))
+    # The run (and, with --smoke, its SFT cache and results) live under one temp root: removed when the soak
+    # finishes, kept (and named) when training fails so that its log can be read.
+    root = Path(tempfile.mkdtemp(prefix="tba-soak-"))
     if args.smoke:  # tiny warm start so that CI does not spend minutes on SFT
         args.minutes, args.interval = 0.5, 10.0
-        args.out = str(Path(tempfile.mkdtemp()) / "soak")
-        args.overrides += ["sft.steps=30", "sft.log_every_steps=30", f"sft.cache_dir={tempfile.mkdtemp()}",
+        args.out = str(root / "results" / "soak")
+        args.overrides += ["sft.steps=30", "sft.log_every_steps=30", f"sft.cache_dir={root / 'sft-cache'}",
                            "task.test_size=16", "task.train_size=500"]
-    run = Path(tempfile.mkdtemp(prefix="tba-soak-")) / "run"
+    soak(args, root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def soak(args, root: Path) -> None:
+    run = root / "run"
     cmd = [sys.executable, "-m", "tba", "train", f"output_dir={run}", "trainer.steps=100000000",
            "logging.progress=false", *args.overrides]
     log = open(run.parent / "train.log", "w")

@@ -4,6 +4,7 @@ No timing or accuracy is asserted here — numbers live in bench/results/, measu
 import importlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -94,17 +95,21 @@ def test_fixed_point_sampler_patch_is_undone_after_each_run():
 
 
 @pytest.mark.slow
-def test_resume_bench_smoke(monkeypatch, capsys):
+def test_resume_bench_smoke(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     run_bench("resume", ["--smoke"], monkeypatch)
     table = capsys.readouterr().out
     assert "| 0 | local-async |" in table and "| 0 | inline-sync |" in table
+    assert list(tmp_path.iterdir()) == []  # its run directories (checkpoints) are not left behind
 
 
 @pytest.mark.slow
-def test_soak_bench_smoke(monkeypatch, capsys):
+def test_soak_bench_smoke(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     run_bench("soak", ["--smoke"], monkeypatch)
     out = capsys.readouterr().out
     assert "RSS growth first → last sample" in out and "exit code 130" in out
+    assert list(tmp_path.iterdir()) == []  # its run, SFT cache and smoke results are not left behind
 
 
 @pytest.mark.slow
