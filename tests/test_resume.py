@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import alive, children
 from safetensors.torch import load_file
 
 from tba.cli import main
 from tba.store import BufferStore
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from soak import children  # noqa: E402  (the soak bench's /proc walk: children of a process)
 
 TINY = [str(Path(__file__).parent / "tiny.yaml"), "task.digits=1", "eval.every_steps=1000", "search.max_new_tokens=16",
         "trainer.sync_every_steps=1", "trainer.lr=1e-3"]  # the tiny recipe first, then this file's overrides
@@ -67,8 +65,7 @@ def test_kill_9_trainer_mid_run_then_resume_continues_and_keeps_every_buffered_g
     groups_before = BufferStore(out, readonly=True).num_groups()
     assert groups_before > 0 and steps_logged(out)[-1] > ckpt_step  # steps after the checkpoint were lost …
     for _ in range(100):  # … and the orphaned searcher notices and exits by itself
-        if not any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]
-                   for p in searchers):
+        if not any(alive(p) for p in searchers):
             break
         time.sleep(0.1)
     else:

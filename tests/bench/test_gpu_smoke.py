@@ -8,17 +8,16 @@ import json
 
 import pytest
 import torch
-from test_bench_smoke import run_bench
 
 
 def _rows(results):
     return json.loads(results.read_text().split("```json\n", 1)[1].split("\n```", 1)[0])
 
 
-def _smoke(tmp_path, monkeypatch, device, backends):
+def _smoke(tmp_path, run_bench, device, backends):
     results = tmp_path / "gpu_smoke.md"
     run_bench("gpu_smoke", ["--smoke", "--device", device, "--backends", *backends, "--out", str(tmp_path / "out"),
-                            "--results", str(results)], monkeypatch)
+                            "--results", str(results)])
     rows = _rows(results)
     assert [r["backend"] for r in rows] == backends
     for r in rows:
@@ -28,14 +27,14 @@ def _smoke(tmp_path, monkeypatch, device, backends):
 
 
 @pytest.mark.slow
-def test_gpu_smoke_code_path_on_cpu(tmp_path, monkeypatch):
+def test_gpu_smoke_code_path_on_cpu(tmp_path, run_bench):
     backends = ["hf"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
-    _smoke(tmp_path, monkeypatch, "cpu", backends)
+    _smoke(tmp_path, run_bench, "cpu", backends)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_smoke_on_one_gpu(tmp_path, monkeypatch):
+def test_gpu_smoke_on_one_gpu(tmp_path, run_bench):
     backends = ["hf"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
-    (row, *_) = _smoke(tmp_path, monkeypatch, "cuda", backends)
+    (row, *_) = _smoke(tmp_path, run_bench, "cuda", backends)
     assert row["max_memory_gb"] > 0

@@ -1,24 +1,16 @@
 """bench/smollm2_reeval.py: the larger held-out set starts with the run's own test problems and shares no question
 with anything the run trained on; the paired standard error is that of the per-problem differences."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("reasoning_gym")
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))  # the scripts import their bench/ helpers by plain name
 
 
-@pytest.fixture(scope="module")
-def reeval():
-    spec = importlib.util.spec_from_file_location("smollm2_reeval", BENCH / "smollm2_reeval.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def reeval(bench_script):
+    return bench_script("smollm2_reeval")
 
 
 def test_held_out_keeps_the_runs_own_problems_first_and_nothing_trained_on(reeval):

@@ -1,20 +1,8 @@
 """bench/smollm2_seeds.py reads finished runs back (no rerun) and writes its table from their files: final, peak,
 final − peak and gain per seed, and the noise of one evaluation from the held-out size the runs used."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))  # the scripts import their bench/ helpers by plain name
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("smollm2_seeds", BENCH / "smollm2_seeds.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _finished_run(out: Path, evals: list[float], n_test: int) -> None:
@@ -26,8 +14,8 @@ def _finished_run(out: Path, evals: list[float], n_test: int) -> None:
     (out / "config.yaml").write_text("seed: 0\n")
 
 
-def test_table_from_finished_runs(tmp_path):
-    seeds = _load()
+def test_table_from_finished_runs(tmp_path, bench_script):
+    seeds = bench_script("smollm2_seeds")
     _finished_run(tmp_path / "runs" / "seed3", [0.15, 0.50, 0.70, 0.66, 0.68], 1000)
     _finished_run(tmp_path / "runs" / "seed4", [0.15, 0.45, 0.60, 0.64, 0.65], 1000)
     results = tmp_path / "res" / "out.md"

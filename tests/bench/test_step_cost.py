@@ -1,25 +1,15 @@
 """bench/step_cost.py: the overlap limit it derives from tba sync at one and at all threads, and --smoke end to end
 (every system's column, the limit, the last line)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("trl")
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture
-def step_cost(monkeypatch):
+def step_cost(monkeypatch, bench_script):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.syspath_prepend(str(BENCH))  # step_cost imports vs_trl as the script would
-    spec = importlib.util.spec_from_file_location("step_cost", BENCH / "step_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "step_cost", module)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("step_cost")  # which imports vs_trl as the script would
 
 
 def run(step_cost, total: float, **phases) -> dict:

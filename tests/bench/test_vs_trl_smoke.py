@@ -1,23 +1,16 @@
 """bench/vs_trl.py --smoke end to end (in-process): both systems run and the results file has a row each."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("trl")
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "vs_trl.py"
 
 
 @pytest.mark.slow
-def test_vs_trl_smoke_writes_a_row_per_system(tmp_path, monkeypatch):
+def test_vs_trl_smoke_writes_a_row_per_system(tmp_path, monkeypatch, bench_script):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = importlib.util.spec_from_file_location("vs_trl", BENCH)
-    vs_trl = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "vs_trl", vs_trl)
-    spec.loader.exec_module(vs_trl)
+    vs_trl = bench_script("vs_trl")
     results = tmp_path / "vs_trl.md"
     assert vs_trl.main(["--smoke", "--seeds", "0", "--budget-s", "5", "--out", str(tmp_path / "out"),
                         "--results", str(results), "--tba-sync", f"sft.cache_dir={tmp_path / 'cache'}"]) == 0
@@ -39,12 +32,8 @@ def _row(system: str, seed: int, t: float | None) -> dict:
             "evals": [[0, 0.15, 0.0], [20, 0.7, 40.0]]}
 
 
-def test_merge_reports_the_union_of_two_files_and_refuses_a_seed_twice(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("vs_trl", BENCH)
-    vs_trl = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "vs_trl", vs_trl)
-    spec.loader.exec_module(vs_trl)
+def test_merge_reports_the_union_of_two_files_and_refuses_a_seed_twice(tmp_path, bench_script):
+    vs_trl = bench_script("vs_trl")
     a, b, out = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "ab.md"
     a.write_text("# x\n\n```json\n" + json.dumps([_row("tba", 0, 30.0), _row("trl-grpo", 0, 40.0)]) + "\n```\n")
     b.write_text("```json\n" + json.dumps([_row("tba", 3, 50.0), _row("trl-grpo", 3, 20.0)]) + "\n```\n")

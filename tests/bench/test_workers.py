@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -21,14 +22,6 @@ if __name__ == "__main__":
         print(pool.submit(os.getpid).result(), flush=True)
         pool.submit(time.sleep, 120).result()
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"  # a zombie has exited; only its parent (here: init) has yet to reap it
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")

@@ -8,11 +8,12 @@ import signal
 import time
 
 import pytest
+from procs import stat
 
 from tba.cli import main
 from tba.runtime.local import LocalRuntime
 
-from .test_restarts import _searcher_pids, _stat
+from .test_restarts import _searcher_pids
 from .test_runtimes import TINY, child_processes
 
 
@@ -35,7 +36,7 @@ def test_a_stopped_fast_searcher_is_caught_long_before_the_cap(tmp_path, capsys,
         code = main(["train", *TINY, f"output_dir={out}", "runtime=local", "mode=async", "trainer.steps=120",
                      "eval.every_steps=120", "search.heartbeat_floor_s=2", "sft.enabled=false"])
     finally:
-        if seen["stopped"] and _stat(seen["stopped"])[:1] == ["T"]:
+        if seen["stopped"] and stat(seen["stopped"])[:1] == ["T"]:
             os.kill(seen["stopped"], signal.SIGKILL)
     err = capsys.readouterr().err
     assert seen["stopped"], "the searcher delivered no batch before the run ended"

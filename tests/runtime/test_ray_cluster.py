@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import cmdline, pids, stat
 
 ray = pytest.importorskip("ray")
 BIN = Path(sys.executable).parent
@@ -33,17 +34,13 @@ def cluster_processes(temp_dir: str, port: int) -> list[int]:
     monitors) or its GCS port (the client server), and all their descendants (workers, agents)."""
     own = re.compile(rf"{re.escape(temp_dir)}|:{port}(?!\d)")
     parents, roots = {}, set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+    for pid in pids():
+        fields = stat(pid)
+        if not fields or fields[0] == "Z":
             continue
-        if stat[0] == "Z":
-            continue
-        parents[int(pid)] = int(stat[1])
-        if own.search(cmd) and int(pid) != os.getpid():
-            roots.add(int(pid))
+        parents[pid] = int(fields[1])
+        if own.search(cmdline(pid)) and pid != os.getpid():
+            roots.add(pid)
     found, grew = set(roots), True
     while grew:
         kids = {p for p, pp in parents.items() if pp in found} - found

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import alive, children, cmdline, parent, pids, stat
 
 from tba.cli import main
 from tba.runtime.local import LocalRuntime
@@ -18,32 +19,13 @@ from tba.runtime.local import LocalRuntime
 from .test_runtimes import TINY, child_processes, needs_ray, ray_processes
 
 
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat after the command name: [state, ppid, ...]; [] once the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return []
-
-
-def _parent(pid: int) -> int:
-    return int(_stat(pid)[1]) if _stat(pid) else 0
-
-
 def _searcher_pids(runtime: str) -> list[int]:
     """This test's own searchers (local: its children; Ray: actors under the raylet its driver started), never
     those of another run on the machine."""
     if runtime == "local":
-        return [p for p in child_processes() if "multiprocessing.spawn" in Path(f"/proc/{p}/cmdline").read_text()]
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if "_SearcherActor" in Path(f"/proc/{pid}/cmdline").read_text() and os.getpid() in (
-                _parent(pid), _parent(_parent(pid)), _parent(_parent(_parent(pid)))):
-                pids.append(int(pid))
-        except OSError:
-            pass
-    return pids
+        return [p for p in child_processes() if "multiprocessing.spawn" in cmdline(p)]
+    return [p for p in pids() if "_SearcherActor" in cmdline(p)
+            and os.getpid() in (parent(p), parent(parent(p)), parent(parent(parent(p))))]
 
 
 def _kill_searcher_after(out: Path, runtime: str, step: int, killed: list) -> None:
@@ -114,7 +96,7 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
                      f"runtime={runtime}", "mode=async", "trainer.steps=40", "eval.every_steps=40",
                      "search.heartbeat_timeout_s=3", "search.max_restarts=3", "sft.enabled=false"])
     finally:
-        if seen["stopped"] and _stat(seen["stopped"])[:1] == ["T"]:
+        if seen["stopped"] and stat(seen["stopped"])[:1] == ["T"]:
             os.kill(seen["stopped"], signal.SIGKILL)  # still stopped: the runtime never noticed it
     err = capsys.readouterr().err
     assert seen["stopped"], "no searcher process was found to stop"
@@ -161,11 +143,10 @@ def test_a_searcher_blocked_on_a_full_queue_exits_when_its_trainer_is_killed(tmp
         proc.kill()
         proc.wait()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_stat(p) and _stat(p)[0] != "Z" for p in searchers):
+    while time.monotonic() < deadline and any(alive(p) for p in searchers):
         time.sleep(0.2)
-    assert not any(_stat(p) and _stat(p)[0] != "Z" for p in searchers), f"searchers {searchers} outlived the trainer"
+    assert not any(alive(p) for p in searchers), f"searchers {searchers} outlived the trainer"
 
 
 def child_processes_of(pid: int) -> list[int]:
-    return [int(p) for p in filter(str.isdigit, os.listdir("/proc")) if _parent(int(p)) == pid
-            and "multiprocessing.spawn" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+    return [p for p in children(pid) if "multiprocessing.spawn" in cmdline(p)]

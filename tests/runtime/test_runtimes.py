@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import children, cmdline, pids
 
 from tba.cli import main
 
@@ -19,18 +20,7 @@ FAULTY = f"{Path(__file__).parent / 'faulty_sampler.py'}:build"  # a sampler tha
 def child_processes() -> list[int]:
     """PIDs of live processes whose parent is this test process (Python's own multiprocessing
     resource_tracker excepted: it is a per-interpreter singleton that exits with its parent)."""
-    me, kids = str(os.getpid()), []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":
-            with open(f"/proc/{pid}/cmdline") as f:
-                if "resource_tracker" not in f.read():
-                    kids.append(int(pid))
-    return kids
+    return [p for p in children(os.getpid()) if "resource_tracker" not in cmdline(p)]
 
 
 def run(tmp_path, *extra):
@@ -40,16 +30,9 @@ def run(tmp_path, *extra):
 
 
 def ray_processes() -> list[str]:
-    names = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if any(d in cmd for d in ("gcs_server", "raylet", "ray::")):
-            names.append(cmd.replace("\0", " ")[:80])
-    return names
+    """Command lines of every Ray process on the machine (GCS, raylets, workers)."""
+    cmds = (cmdline(p) for p in pids())
+    return [c[:80] for c in cmds if any(d in c for d in ("gcs_server", "raylet", "ray::"))]
 
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed (tba[ray])")

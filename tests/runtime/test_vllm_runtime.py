@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from procs import alive, cmdline, pids
 
 from .test_restarts import _kill_searcher_after
 from .test_runtimes import TINY, child_processes, run
@@ -101,12 +102,11 @@ def _live_in_session(sid: int, wait_s: float) -> list[str]:
     deadline = time.monotonic() + wait_s
     while True:
         left = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for pid in pids():
             try:
-                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-                if os.getsid(int(pid)) == sid and state != "Z":
-                    left.append(open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:100])
-            except OSError:
+                if os.getsid(pid) == sid and alive(pid):
+                    left.append(cmdline(pid)[:100])
+            except OSError:  # gone since it was listed
                 pass
         if not left or time.monotonic() > deadline:
             return left
