@@ -119,7 +119,8 @@ def test_tb_from_never_synced_pi_ref_reaches_the_kl_floor(tmp_path, seed):
     """Behaviour = π_ref for the whole run (k = 0). Measured (recipe, 600 updates, one thread): KL(π*‖π_θ)
     1.75–1.82 at the start, 0.002–0.006 at update 600 on seeds 0–2 (≤ 0.001 by update 800–1000); the on-policy
     run (k = 1) of the same recipe wanders between 0.006 and 0.022 from update 300 to 1000 — the noise floor of
-    SGD at lr 1e-3 — so 0.03 is that floor, with 5× margin over every seed's value, reached in ≈ 11 s."""
+    SGD at lr 1e-3 — so 0.03 is that floor, with 5× margin over these seeds' values, reached in ≈ 11 s. Seeds
+    3–5, never run before that floor was set, ended at 0.005–0.014 (bench/results/fixed_point_unseen345.md)."""
     summary, metrics = run(tmp_path, f"seed={seed}", "trainer.sync_every_steps=0", "trainer.steps=600",
                            "eval.every_steps=300")
     start, end = summary["eval_start"], summary["eval_end"]
