@@ -107,16 +107,18 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--keep-runs", action="store_true", help="keep the run directories (printed)")
     args = ap.parse_args()
-    # Every run dir (with its checkpoints) lives under one temp root, removed at the end unless --keep-runs:
-    # the results file holds everything the table says.
+    # Every run dir (with its checkpoints) lives under one temp root, removed at the end unless --keep-runs (the
+    # results file holds everything the table says) or the benchmark failed (its logs are then the evidence).
     root = Path(tempfile.mkdtemp(prefix="tba-resume-"))
     try:
         run_all(args, root)
-    finally:
-        if args.keep_runs:
-            print(f"run directories kept in {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    except BaseException:
+        print(f"run directories kept for inspection in {root}", file=sys.stderr)
+        raise
+    if args.keep_runs:
+        print(f"run directories kept in {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def run_all(args, root: Path) -> None:
