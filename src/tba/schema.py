@@ -272,7 +272,8 @@ class TrainerConfig:
     stale_lr_age: float | None = 4.0
     """a₀: an update whose samples' median age a (policy versions behind the trainer) exceeds a₀ takes its step
     at lr·a₀/a — a delayed feedback loop stays stable only if gain × delay is bounded (TB at the recipes' lr
-    fell at k = 32 without it: bench/results/tb_stale_lr_age4.md). None = the lr as scheduled, whatever the
+    fell at k = 32 without it: bench/results/tb_stale_lr_age4.md; it makes such a fall rarer, not impossible:
+    tb_stale_lr_age4_unseen91011.md). None = the lr as scheduled, whatever the
     data's age (the paper). Not applied when sync_every_steps = 0 (no feedback loop)."""
     max_replay_ratio: float | None = None
     """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
