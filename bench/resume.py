@@ -20,13 +20,13 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from scratch import scratch_dir
 
 RESULTS = Path(__file__).parent / "results"
 SMOKE = ["sft.steps=30", "sft.log_every_steps=30", "task.digits=1", "task.train_size=300", "task.test_size=16",
@@ -107,18 +107,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--keep-runs", action="store_true", help="keep the run directories (printed)")
     args = ap.parse_args()
-    # Every run dir (with its checkpoints) lives under one temp root, removed at the end unless --keep-runs (the
-    # results file holds everything the table says) or the benchmark failed (its logs are then the evidence).
-    root = Path(tempfile.mkdtemp(prefix="tba-resume-"))
-    try:
+    with scratch_dir("tba-resume-", keep=args.keep_runs) as root:
         run_all(args, root)
-    except BaseException:
-        print(f"run directories kept for inspection in {root}", file=sys.stderr)
-        raise
-    if args.keep_runs:
-        print(f"run directories kept in {root}")
-    else:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def run_all(args, root: Path) -> None:

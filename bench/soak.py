@@ -21,13 +21,13 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from scratch import scratch_dir
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -76,16 +76,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.compare:
         return compare(*map(Path, args.compare), Path(args.out))
-    # The run (and, with --smoke, its SFT cache and results) live under one temp root: removed when the soak
-    # finishes, kept (and named) when training fails so that its log can be read.
-    root = Path(tempfile.mkdtemp(prefix="tba-soak-"))
-    if args.smoke:  # tiny warm start so that CI does not spend minutes on SFT
-        args.minutes, args.interval = 0.5, 10.0
-        args.out = str(root / "results" / "soak")
-        args.overrides += ["sft.steps=30", "sft.log_every_steps=30", f"sft.cache_dir={root / 'sft-cache'}",
-                           "task.test_size=16", "task.train_size=500"]
-    soak(args, root)
-    shutil.rmtree(root, ignore_errors=True)
+    with scratch_dir("tba-soak-") as root:  # the run; with --smoke also its SFT cache and results
+        if args.smoke:  # tiny warm start so that CI does not spend minutes on SFT
+            args.minutes, args.interval = 0.5, 10.0
+            args.out = str(root / "results" / "soak")
+            args.overrides += ["sft.steps=30", "sft.log_every_steps=30", f"sft.cache_dir={root / 'sft-cache'}",
+                               "task.test_size=16", "task.train_size=500"]
+        soak(args, root)
 
 
 def soak(args, root: Path) -> None:
