@@ -2,14 +2,14 @@
 # The first-GPU-run checks, in order, each under its own time limit, each log kept whatever happens:
 #   env        GPU, driver, torch/CUDA and package versions
 #   pytest     pytest -m gpu (CUDA IPC and broadcast-receiver transports, CUDA RNG round trip, gpu_smoke on CUDA)
-#   smoke      bench/gpu_smoke.py: TinyLlama-1.1B shape, bf16, trainer + 1 searcher on one GPU, toy batch shapes
-#   gsm8k      bench/gpu_smoke.py --workload gsm8k: the same model at the GSM8K recipe's batch shapes, 20 updates
+#   smoke      bench/perf/gpu_smoke.py: TinyLlama-1.1B shape, bf16, trainer + 1 searcher on one GPU, toy batch shapes
+#   gsm8k      bench/perf/gpu_smoke.py --workload gsm8k: the same model at the GSM8K recipe's batch shapes, 20 updates
 #   default    the embedded default recipe with model.device=cuda search.device=cuda (SFT, then TBA)
 # Usage (repository root, on a CUDA machine, tba importable):  bash bench/gpu_check.sh OUT_DIR [PART ...]
 # Time limits per part (s): PYTEST_S, SMOKE_S, GSM8K_S, DEFAULT_S (defaults 240/240/360/360).
 # Nothing here needs a network. Results land in OUT_DIR (logs, *.md tables, the default run's summary).
 # Run the parts one after another (the default): on the first H100 run, the default recipe, pytest and the
-# gsm8k part started side by side slowed each other several-fold (bench/results/gpu/first_run.md).
+# gsm8k part started side by side slowed each other several-fold (bench/results/gpu_check/first_run.md).
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_check.sh OUT_DIR [env pytest smoke gsm8k default]}
 shift
@@ -38,9 +38,9 @@ torch.backends.cudnn.version()); print(\"transformers\", transformers.__version_
 print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / 2**30, \"GiB\")'; \
 $PY -m pip list 2>/dev/null | grep -iE '^(torch|transformers|tokenizers|safetensors|peft|datasets|reasoning.gym|vllm|ray|numpy) '" ;;
     pytest) step pytest "${PYTEST_S:-240}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors -rs ;;
-    smoke) step smoke "${SMOKE_S:-240}" "$PY" bench/gpu_smoke.py --backends hf vllm --out "$out/runs/llama1b" \
+    smoke) step smoke "${SMOKE_S:-240}" "$PY" -m bench.perf.gpu_smoke --backends hf vllm --out "$out/runs/llama1b" \
              --results "$out/gpu_smoke.md" ;;
-    gsm8k) step gsm8k "${GSM8K_S:-360}" "$PY" bench/gpu_smoke.py --workload gsm8k --steps 20 --backends hf vllm \
+    gsm8k) step gsm8k "${GSM8K_S:-360}" "$PY" -m bench.perf.gpu_smoke --workload gsm8k --steps 20 --backends hf vllm \
              --out "$out/runs/llama1b" --results "$out/gpu_smoke_gsm8k.md" ;;
     default) step default "${DEFAULT_S:-360}" "$PY" -m tba train model.device=cuda search.device=cuda \
                "output_dir=$out/runs/default" logging.plain_every_s=10 --overwrite

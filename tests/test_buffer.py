@@ -3,7 +3,16 @@ from collections import Counter
 import pytest
 
 from tba.buffer import ReplayBuffer
+from tba.schema import BufferConfig
 from tba.types import Group, Sample
+
+
+def make(*, seed: int = 0, path=None, readonly: bool = False, **fields) -> ReplayBuffer:
+    """A buffer with these BufferConfig fields, persisted to (or read from) `path` if given."""
+    buf = ReplayBuffer(BufferConfig(**fields), seed=seed)
+    if path is not None:
+        buf.open(path, readonly=readonly)
+    return buf
 
 
 def s(tokens, reward=0.0, version=0):
@@ -11,7 +20,7 @@ def s(tokens, reward=0.0, version=0):
 
 
 def test_exact_token_dedup_newest_wins_and_capacity_keeps_newest():
-    buf = ReplayBuffer(capacity_per_prompt=3, seed=0)
+    buf = make(capacity_per_prompt=3, seed=0)
     buf.add(Group(0, [1], [s([5], 0.0, 0), s([6], 0.0, 0)]))
     buf.add(Group(0, [1], [s([5], 1.0, 1)]))  # duplicate of [5]: the newer copy replaces it
     items = buf.histories[0].items
@@ -22,13 +31,13 @@ def test_exact_token_dedup_newest_wins_and_capacity_keeps_newest():
 
 
 def test_duplicates_inside_one_group_count_once():
-    buf = ReplayBuffer(seed=0)
+    buf = make(seed=0)
     assert buf.add(Group(0, [1], [s([5]), s([5]), s([6])])) == 2
     assert buf.histories[0].n_online == 2
 
 
 def test_n_online_counts_unique_items_of_the_latest_version():
-    buf = ReplayBuffer(seed=0)
+    buf = make(seed=0)
     buf.add(Group(0, [1], [s([1], version=0), s([2], version=0)]))
     buf.add(Group(0, [1], [s([3], version=0)]))  # same version: accumulates
     assert buf.histories[0].n_online == 3
@@ -37,7 +46,7 @@ def test_n_online_counts_unique_items_of_the_latest_version():
 
 
 def test_online_draws_come_from_the_newest_items_of_refreshed_prompts():
-    buf = ReplayBuffer(online_prob=1.0, seed=0)
+    buf = make(online_prob=1.0, seed=0)
     buf.add(Group(0, [1], [s([i], version=0) for i in range(20)]))
     buf.mark_sync()
     buf.add(Group(1, [2], [s([i], version=0) for i in range(20)]))  # old prompt window
@@ -48,7 +57,7 @@ def test_online_draws_come_from_the_newest_items_of_refreshed_prompts():
 
 
 def test_online_with_replacement_when_fewer_than_k_new_items():
-    buf = ReplayBuffer(online_prob=1.0, seed=0)
+    buf = make(online_prob=1.0, seed=0)
     buf.add(Group(0, [1], [s([i], version=0) for i in range(10)]))
     buf.add(Group(0, [1], [s([50], version=1), s([51], version=1)]))
     draw = buf.sample(1, k=6)[0]
@@ -56,14 +65,14 @@ def test_online_with_replacement_when_fewer_than_k_new_items():
 
 
 def test_right_after_sync_the_previous_window_is_used():
-    buf = ReplayBuffer(online_prob=1.0, seed=0)
+    buf = make(online_prob=1.0, seed=0)
     buf.add(Group(3, [1], [s([1]), s([2])]))
     buf.mark_sync()
     assert all(d.prompt_id == 3 and d.online for d in buf.sample(4, 2))
 
 
 def test_prompts_are_drawn_without_replacement_until_the_pool_is_exhausted():
-    buf = ReplayBuffer(online_prob=0.0, seed=0)
+    buf = make(online_prob=0.0, seed=0)
     for pid in range(5):
         buf.add(Group(pid, [pid], [s([1]), s([2])]))
     first = [d.prompt_id for d in buf.sample(5, 2)]
@@ -73,19 +82,19 @@ def test_prompts_are_drawn_without_replacement_until_the_pool_is_exhausted():
 
 
 def test_offline_uniform_without_replacement_and_reward_softmax():
-    buf = ReplayBuffer(online_prob=0.0, offline_inverse_temperature=0.0, seed=0)
+    buf = make(online_prob=0.0, offline_inverse_temperature=0.0, seed=0)
     buf.add(Group(0, [1], [s([i], reward=float(i == 0)) for i in range(8)]))
     draw = buf.sample(1, k=8)[0]
     assert sorted(x.response[0] for x in draw.samples) == list(range(8))  # all distinct
     # ι large: the rewarded item dominates; with replacement only if history < K
-    peaked = ReplayBuffer(online_prob=0.0, offline_inverse_temperature=50.0, seed=0)
+    peaked = make(online_prob=0.0, offline_inverse_temperature=50.0, seed=0)
     peaked.add(Group(0, [1], [s([i], reward=float(i == 0)) for i in range(8)]))
     counts = Counter(x.response[0] for _ in range(50) for x in peaked.sample(1, k=1)[0].samples)
     assert counts[0] == 50
 
 
 def test_mix_of_online_and_offline_follows_m():
-    buf = ReplayBuffer(online_prob=0.7, seed=1)
+    buf = make(online_prob=0.7, seed=1)
     for pid in range(20):
         buf.add(Group(pid, [pid], [s([1]), s([2])]))
     draws = buf.sample(4000, 1)
@@ -94,7 +103,7 @@ def test_mix_of_online_and_offline_follows_m():
 
 def test_sampling_an_empty_buffer_is_an_error():
     with pytest.raises(RuntimeError, match="empty"):
-        ReplayBuffer().sample(1, 1)
+        make().sample(1, 1)
 
 
 def _feed(buf, rounds, seed=0):
@@ -118,16 +127,15 @@ def _snapshot(buf):
 
 @pytest.mark.parametrize("max_samples", [None, 20])
 def test_restore_from_store_and_state_rebuilds_the_buffer_exactly(tmp_path, max_samples):
-    from tba.store import BufferStore
 
     kw = dict(capacity_per_prompt=5, online_prob=0.7, offline_inverse_temperature=1.0, seed=3, max_samples=max_samples)
-    live = ReplayBuffer(**kw, store=BufferStore(tmp_path / "a.sqlite"))
+    live = make(**kw, path=tmp_path / "a.sqlite")
     _feed(live, 10)
     state = live.state_dict()  # a checkpoint here …
     late = [Group(11, [1, 2], [s([9, 9], 1.0, 10)])]
     live.extend(late, step=11)  # … and a group accepted after it, before the "crash"
 
-    again = ReplayBuffer(**kw, store=BufferStore(tmp_path / "a.sqlite"))
+    again = make(**kw, path=tmp_path / "a.sqlite")
     assert again.restore(state) == 1
     assert _snapshot(again) == _snapshot(live) and len(again) == len(live)
     assert again.evicted_prompts == live.evicted_prompts
@@ -139,7 +147,7 @@ def test_restore_from_store_and_state_rebuilds_the_buffer_exactly(tmp_path, max_
 
 
 def test_eviction_keeps_the_recency_windows_and_bounds_memory():
-    buf = ReplayBuffer(capacity_per_prompt=10, max_samples=6, seed=0)
+    buf = make(capacity_per_prompt=10, max_samples=6, seed=0)
     for pid in range(5):
         buf.add(Group(pid, [1], [s([pid, 1]), s([pid, 2])]))
         buf.mark_sync()
@@ -156,11 +164,10 @@ def _stored_samples(store) -> int:
 def test_compaction_keeps_every_kept_checkpoint_exact_and_drops_the_rest(tmp_path, max_samples):
     """A compacted store and a full log rebuild the same buffer at each kept checkpoint (the newest, and
     the older one a damaged newest checkpoint falls back to); the compacted one holds far fewer samples."""
-    from tba.store import BufferStore
 
     kw = dict(capacity_per_prompt=5, online_prob=0.7, offline_inverse_temperature=1.0, seed=3, max_samples=max_samples)
-    live = ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite"))
-    full = ReplayBuffer(**kw, store=BufferStore(tmp_path / "full.sqlite"))
+    live = make(**kw, path=tmp_path / "compacted.sqlite")
+    full = make(**kw, path=tmp_path / "full.sqlite")
     states = []
     for chunk in range(6):  # six checkpoints, two kept (checkpoint.keep = 2)
         for buf in (live, full):
@@ -175,29 +182,28 @@ def test_compaction_keeps_every_kept_checkpoint_exact_and_drops_the_rest(tmp_pat
     assert live.store.num_groups() == accepted and live.store.stats()["groups"] == accepted
     assert _stored_samples(live.store) < _stored_samples(full.store) / 2
     for state in states[-2:]:
-        a = ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite"))
-        b = ReplayBuffer(**kw, store=BufferStore(tmp_path / "full.sqlite"))
+        a = make(**kw, path=tmp_path / "compacted.sqlite")
+        b = make(**kw, path=tmp_path / "full.sqlite")
         assert a.restore(state) == b.restore(state) == accepted - state["groups_added"]
         assert _snapshot(a) == _snapshot(b) and len(a) == len(b) and a.evicted_prompts == b.evicted_prompts
         assert [(d.prompt_id, [x.response for x in d.samples]) for d in a.sample(4, 3)] == \
             [(d.prompt_id, [x.response for x in d.samples]) for d in b.sample(4, 3)]
-    newest = ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite"))
+    newest = make(**kw, path=tmp_path / "compacted.sqlite")
     newest.restore(states[-1])
     assert _snapshot(newest) == _snapshot(live)  # the run's own buffer, group 11 included
     with pytest.raises(RuntimeError, match="compacted and keeps no snapshot at or before group"):
-        ReplayBuffer(**kw, store=BufferStore(tmp_path / "compacted.sqlite")).restore(states[0])
+        make(**kw, path=tmp_path / "compacted.sqlite").restore(states[0])
 
 
 def test_without_a_checkpoint_state_the_newest_snapshot_and_later_groups_are_loaded(tmp_path):
     """What runtime=offline reads from a compacted source run: its final buffer, not the deleted history."""
-    from tba.store import BufferStore
 
-    live = ReplayBuffer(capacity_per_prompt=3, seed=1, store=BufferStore(tmp_path))
+    live = make(capacity_per_prompt=3, seed=1, path=tmp_path)
     _feed(live, 8)
     live.snapshot()
     live.compact([live.groups_added])
     live.extend([Group(2, [1, 2], [s([7, 7], 1.0, 9)])], step=9)
-    offline = ReplayBuffer(capacity_per_prompt=3, store=BufferStore(tmp_path, readonly=True))
+    offline = make(capacity_per_prompt=3, path=tmp_path, readonly=True)
     assert offline.restore(None) == 1 and offline.groups_added == live.groups_added
     assert _snapshot(offline) == _snapshot(live)
 
@@ -208,12 +214,28 @@ def test_a_store_without_this_versions_tables_is_refused_by_name(tmp_path):
 
     from tba.store import BufferStore, StoreError
 
-    live = ReplayBuffer(capacity_per_prompt=4, seed=2, store=BufferStore(tmp_path))
+    live = make(capacity_per_prompt=4, seed=2, path=tmp_path)
     _feed(live, 2)
-    live.store.close()
+    live.close()
     db = sqlite3.connect(tmp_path / "buffer.sqlite")
     db.executescript("DROP TABLE snapshots; DROP TABLE meta;")
     db.close()
     with pytest.raises(StoreError, match=r"buffer.sqlite is not a replay buffer this tba can read: no table meta, "
                                          r"snapshots"):
         BufferStore(tmp_path, readonly=True)
+
+
+def test_the_mean_age_is_kept_incrementally_and_equals_a_walk_over_the_held_samples(tmp_path):
+    """The metric used to walk every held sample at every step; the buffer now keeps the sum as it changes
+    (dedup replacing, capacity trimming, eviction, restore)."""
+    buf = make(capacity_per_prompt=4, max_samples=20, seed=3, path=tmp_path)
+    assert buf.age_mean(5) != buf.age_mean(5)  # nan when empty
+    for rounds in (3, 12):
+        _feed(buf, rounds)
+        held = [x.version for h in buf.histories.values() for x in h.items]
+        assert buf.evicted_prompts > 0 or rounds == 3
+        assert buf.age_mean(20) == pytest.approx(20 - sum(held) / len(held))
+    buf.snapshot()
+    restored = make(capacity_per_prompt=4, max_samples=20, seed=3, path=tmp_path)
+    restored.restore(buf.state_dict())
+    assert restored.age_mean(20) == pytest.approx(buf.age_mean(20))

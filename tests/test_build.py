@@ -5,6 +5,9 @@ import pytest
 from tba import build
 from tba.config import ConfigError, load_config
 from tba.objectives import OBJECTIVES
+from tba.plugins import load_object
+from tba.runtime import RUNTIMES
+from tba.samplers import SAMPLERS
 from tba.store import BufferStore
 from tba.tasks import TASKS
 from tba.types import Group, Sample
@@ -27,7 +30,7 @@ def test_the_offline_buffer_store_is_closed_after_loading(tmp_path, monkeypatch)
             closed.append(self)
             super().close()
 
-    monkeypatch.setattr("tba.store.BufferStore", Counting)
+    monkeypatch.setattr("tba.buffer.BufferStore", Counting)
     cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "runtime=offline",
                              f"buffer.source={tmp_path / 'saved'}"])
     buffer = build.build_buffer(cfg, tmp_path / "run", None, None, log=lambda m: None)
@@ -38,7 +41,7 @@ def test_the_offline_buffer_store_is_closed_after_loading(tmp_path, monkeypatch)
 def test_every_registered_objective_and_task_is_accepted_by_config_validation():
     for name in OBJECTIVES:
         assert load_config(None, [f"objective={name}"]).objective == name
-        assert callable(OBJECTIVES[name].fn())
+        assert callable(OBJECTIVES[name].fn)
     for name, spec in TASKS.items():
         policy = [] if spec.builtin_model else ["model.policy=some/model"]
         assert load_config(None, [f"task.name={name}", *policy]).task.name == name
@@ -53,3 +56,20 @@ def test_an_objective_that_owns_its_reference_gets_a_copy(tiny_model, tiny_token
     trainer = build.build_trainer(cfg, tiny_model, tiny_model, tiny_tokenizer)
     assert trainer.reference is not None and trainer.reference is not tiny_model
     assert build.build_trainer(load_config(None, []), tiny_model, tiny_model, tiny_tokenizer).reference is None
+
+
+@pytest.mark.parametrize("registry", [TASKS, RUNTIMES, SAMPLERS, OBJECTIVES], ids=["tasks", "runtimes", "samplers",
+                                                                                  "objectives"])
+def test_every_registry_entry_names_a_loadable_target(registry):
+    for entry in registry.values():
+        assert callable(load_object(entry.target, "test")), entry
+
+
+def test_a_target_that_cannot_load_is_a_config_error_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"task.name: cannot load 'tba.nowhere:f': ModuleNotFoundError"):
+        load_object("tba.nowhere:f", "task.name")
+    with pytest.raises(ConfigError, match=r"search.backend: cannot load '.*x.py:build': FileNotFoundError"):
+        load_object(f"{tmp_path / 'x.py'}:build", "search.backend")
+    (tmp_path / "y.py").write_text("def other(): pass\n")
+    with pytest.raises(ConfigError, match=r"search.backend: cannot load .*: AttributeError"):
+        load_object(f"{tmp_path / 'y.py'}:build", "search.backend")

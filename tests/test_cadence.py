@@ -8,7 +8,7 @@ def test_the_cap_applies_until_an_interval_has_been_seen():
     assert c.limit_s() == 300 and c.overdue_s(now=1e9) is None  # nothing awaited yet
     c.start(now=0.0)
     assert c.overdue_s(now=299.0) is None and c.overdue_s(now=301.0) == 301.0
-    assert c.explain("search.heartbeat_timeout_s", "floor") == "search.heartbeat_timeout_s=300"
+    assert c.explain("supervision.heartbeat_timeout_s", "floor") == "supervision.heartbeat_timeout_s=300"
 
 
 def test_a_fast_stream_gets_a_short_limit_but_never_below_the_floor():

@@ -5,7 +5,7 @@ the data errors below are raised while the task is built, before any model is lo
 import pytest
 
 import tba.build
-from tba.cli import USER_ERRORS, main
+from tba.cli import main, user_error
 from tba.tasks.data import DataLoadError, DataUnreachableError
 
 
@@ -28,30 +28,30 @@ def one_error_line(err: str) -> str:
 
 
 def test_a_jsonl_line_that_is_not_json_is_one_line_naming_the_file_and_line(tmp_path, bad_jsonl, capsys):
-    code = main(["train", "gsm8k-rho1b", f"task.source={bad_jsonl}", f"output_dir={tmp_path / 'run'}"])
+    code = main(["train", "gsm8k-rho1b", f"task.options.source={bad_jsonl}", f"output_dir={tmp_path / 'run'}"])
     line = one_error_line(capsys.readouterr().err)
     assert code == 1
     assert line.startswith(f"tba: DataLoadError: gsm8k: {bad_jsonl / 'train.jsonl'} line 2 is not valid JSON")
 
 
 def test_a_hub_dataset_that_cannot_be_loaded_offline_is_one_line(tmp_path, offline_hub, capsys):
-    code = main(["train", "gsm8k-rho1b", f"output_dir={tmp_path / 'run'}"])  # task.source: openai/gsm8k
+    code = main(["train", "gsm8k-rho1b", f"output_dir={tmp_path / 'run'}"])  # task.options.source: openai/gsm8k
     line = one_error_line(capsys.readouterr().err)
     assert code == 1
     assert line.startswith("tba: DataUnreachableError: gsm8k: could not load 'openai/gsm8k'")
-    assert "task.source=" in line  # says how to pass a local copy
+    assert "task.options.source=" in line  # says how to pass a local copy
 
 
 def test_a_missing_data_file_is_one_line(tmp_path, capsys):
     missing = tmp_path / "nowhere.jsonl"
-    assert main(["train", "gsm8k-rho1b", f"task.source={missing}", f"output_dir={tmp_path / 'run'}"]) == 1
+    assert main(["train", "gsm8k-rho1b", f"task.options.source={missing}", f"output_dir={tmp_path / 'run'}"]) == 1
     line = one_error_line(capsys.readouterr().err)
     assert line == f"tba: DataNotFoundError: gsm8k: data file {missing} does not exist"
 
 
 @pytest.mark.parametrize("switch", ["flag", "env"])
 def test_debug_shows_the_traceback_of_a_user_error(tmp_path, bad_jsonl, monkeypatch, switch):
-    args = ["train", "gsm8k-rho1b", f"task.source={bad_jsonl}", f"output_dir={tmp_path / 'run'}"]
+    args = ["train", "gsm8k-rho1b", f"task.options.source={bad_jsonl}", f"output_dir={tmp_path / 'run'}"]
     if switch == "flag":
         args.append("--debug")
     else:
@@ -69,11 +69,23 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
         main(["train", f"output_dir={tmp_path / 'run'}"])
 
 
-def test_every_user_error_the_cli_names_exists():
-    import importlib
+def test_user_errors_are_told_from_bugs_by_type():
+    from tba.checkpoint import CheckpointError
+    from tba.errors import ConfigError
+    from tba.export import ExportError
+    from tba.models import ModelLoadError
+    from tba.report import ReportError
+    from tba.rundir import RunDirError
+    from tba.runtime.base import SearcherError
+    from tba.store import StoreError
+    from tba.tasks.data import DataLoadError
 
-    for module, name, code, _ in USER_ERRORS:
-        assert issubclass(getattr(importlib.import_module(module), name), Exception) and code in (1, 2)
+    assert user_error(ConfigError("trainer.steps: must be > 0")) == (2, "tba: config error: trainer.steps: must be > 0")
+    assert user_error(RunDirError("runs/x already holds a run")) == (2, "tba: runs/x already holds a run")
+    for cls in (DataLoadError, DataUnreachableError, ModelLoadError, SearcherError, CheckpointError, StoreError,
+                ExportError, ReportError):
+        assert user_error(cls("why")) == (1, f"tba: {cls.__name__}: why")
+    assert user_error(ZeroDivisionError("a bug")) is None
     assert issubclass(DataUnreachableError, RuntimeError)  # what it was before: `except RuntimeError` still works
 
 

@@ -70,6 +70,20 @@ def test_dotted_overrides_reach_into_task_options():
     assert cfg.task.options == {"a": 1, "b": 2}
 
 
+
+def test_another_task_name_drops_the_recipe_task_options():
+    """smollm2_rg_cpu's reasoning-gym options mean nothing to the dataset task: naming another task starts its
+    options afresh, and options given after it are kept."""
+    cfg = load_config("smollm2_rg_cpu", ["task.name=dataset", "task.options.source=d.jsonl",
+                                         "task.options.reward=r.py:f"])
+    assert cfg.task.options == {"source": "d.jsonl", "reward": "r.py:f"}
+    assert load_config("smollm2_rg_cpu", ["task.name=reasoning_gym"]).task.options["dataset"] == "basic_arithmetic"
+    from tba.api import TBAConfig, TBATrainer
+
+    args = TBAConfig.from_yaml("smollm2_rg_cpu")
+    trainer = TBATrainer(model="m", reward_funcs="r.py:f", train_dataset="d.jsonl", args=args)
+    assert trainer.args.task.options == {"source": "d.jsonl", "reward": "r.py:f"}
+
 @pytest.mark.parametrize("override, message", [
     ("model.device=gpu0", "model.device: must be cpu, cuda, cuda:N or auto"),
     ("search.device=cuda:1,tpu", "search.device: must be"),
@@ -172,3 +186,36 @@ def test_every_config_field_has_a_docstring():
                 if isinstance(field_, ast.AnnAssign) and not documented:
                     missing.append(f"{node.name}.{field_.target.id}")
     assert not missing, f"fields without a docstring: {missing}"
+
+
+@pytest.mark.parametrize("old", sorted(__import__("tba.config", fromlist=["MOVED"]).MOVED))
+def test_every_moved_key_fails_naming_its_new_place(old, tmp_path):
+    from tba.config import MOVED
+
+    with pytest.raises(ConfigError, match=f"{old} has moved: set {MOVED[old]} instead"):
+        load_config(None, [f"{old}=1"])
+    section, _, key = old.partition(".")  # the same key written as a YAML section of an old recipe
+    recipe = tmp_path / "old.yaml"
+    recipe.write_text(f"{section}: {{{key}: 1}}\n")
+    with pytest.raises(ConfigError, match=f"{old} has moved: set {MOVED[old]} instead"):
+        load_config(recipe)
+
+
+def test_a_moved_key_new_place_is_a_real_key():
+    from tba.config import MOVED
+
+    for new in MOVED.values():
+        if not new.startswith("task.options."):  # free-form: the task's factory checks them
+            value = "{searcher: 1}" if new.endswith("resources") else "1"
+            load_config(None, [f"{new}={value}"])
+
+
+def test_task_options_are_checked_against_the_task_factory():
+    from tba.build import build_task
+
+    with pytest.raises(ConfigError, match=r"task.options: ArithTask does not take \['digit'\]; it takes digits"):
+        build_task(load_config(None, ["task.options.digit=2"]))
+    with pytest.raises(ConfigError, match=r"task.options.train_size: set task.train_size instead"):
+        build_task(load_config(None, ["task.options.train_size=2"]))
+    with pytest.raises(ConfigError, match=r"task.options.digits: must be ≥ 1"):
+        build_task(load_config(None, ["task.options.digits=0"]))

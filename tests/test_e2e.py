@@ -18,7 +18,8 @@ METRIC_KEYS = {"step", "wall_clock_s", "trainer/loss", "searcher/reward_mean", "
 def test_tiny_run_fills_buffer_changes_weights_and_writes_run_dir(tmp_path):
     out = tmp_path / "run"
     args = ["train", f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}", "sft.steps=60",
-            "sft.log_every_steps=60", "task.digits=1", "task.train_size=300", "task.test_size=16", "trainer.steps=4",
+            "sft.log_every_steps=60", "task.options.digits=1", "task.train_size=300", "task.test_size=16",
+            "trainer.steps=4",
             "trainer.sync_every_steps=2", "trainer.lr=1e-3", "buffer.prefill_samples=20", "eval.every_steps=2",
             "search.prompts_per_batch=4", "search.samples_per_prompt=6", "trainer.prompts_per_step=4",
             "trainer.samples_per_prompt=4", "trainer.micro_batch_prompts=2", "logging.progress=false",
@@ -28,6 +29,8 @@ def test_tiny_run_fills_buffer_changes_weights_and_writes_run_dir(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["trainer_steps"] == 4 and summary["samples_received"] > 20
+    # start-up (models, searchers, evaluation excluded) + training ≤ the whole run
+    assert 0 < summary["startup_s"] and summary["startup_s"] + summary["train_wall_clock_s"] <= summary["wall_clock_s"]
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4]
     assert all(METRIC_KEYS <= m.keys() for m in lines)

@@ -13,10 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from tba import loop as loop_module
-from tba.build import Run, build_buffer
+from tba import monitor as monitor_module
+from tba.build import build_buffer, loop_settings
 from tba.config import load_config
-from tba.runtime.base import RuntimeReport
+from tba.loop import Loop
+from tba.monitor import Monitor
+from tba.seam import RuntimeReport
 from tba.state import Evaluation, RunState
 from tba.types import Group, Sample
 
@@ -88,8 +90,8 @@ class RecordingBuffer:
         self._events.append(("store", step, [g.prompt_id for g in groups]))
         self._b.extend(groups, step)
 
-    def sample(self, b, k):
-        draws = self._b.sample(b, k)
+    def sample(self, b, k, version=None):
+        draws = self._b.sample(b, k, version)
         self._events.append(("draw", [d.prompt_id for d in draws]))
         return draws
 
@@ -98,13 +100,32 @@ class RecordingBuffer:
         self._b.mark_sync(step)
 
 
-@pytest.fixture
-def harness(tmp_path, monkeypatch):
-    saved = []
-    monkeypatch.setattr(loop_module, "evaluate", lambda *a, **k: {"score": 0.5})
-    monkeypatch.setattr(loop_module.ckpt, "save", lambda out, *, step, state, **k: saved.append((step, state)))
+class StubEvaluator:
+    def __call__(self):
+        return {"score": 0.5}
 
-    def make(steps=6, k=2, every=4, state=None, next_pid=0, resumed=False, extra=()):
+    def describe(self, metrics):
+        return f"score {metrics['score']}"
+
+
+class StubCheckpoints:
+    """Records what the loop checkpoints; `keep` of them count as kept on disk (for buffer compaction)."""
+
+    def __init__(self, run_dir, saved: list, keep: int = 0):
+        self.run_dir, self.saved, self.keep = run_dir, saved, keep
+
+    def save(self, step, *, optimizer, state, reference=None):
+        self.saved.append((step, state))
+
+    def buffer_marks(self):
+        return [s["buffer"]["groups_added"] for _, s in self.saved[-self.keep:]] if self.keep else []
+
+
+@pytest.fixture
+def harness(tmp_path):
+    saved = []
+
+    def make(steps=6, k=2, every=4, state=None, next_pid=0, resumed=False, extra=(), keep=0):
         cfg = load_config(None, [f"output_dir={tmp_path}", f"trainer.steps={steps}", f"trainer.sync_every_steps={k}",
                                  f"checkpoint.every_steps={every}", "eval.every_steps=3", "buffer.prefill_samples=8",
                                  "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "mode=async",
@@ -114,12 +135,12 @@ def harness(tmp_path, monkeypatch):
         state = state or RunState()
         buffer_state = saved[-1][1]["buffer"] if resumed else None
         buffer = build_buffer(cfg, tmp_path, tmp_path if resumed else None, buffer_state, log=lambda m: None)
-        parts = Run(task=SimpleNamespace(test=[0] * 5), tokenizer=None, policy=None, reference=None,
-                    trainer=StubTrainer(events), buffer=RecordingBuffer(buffer, events),
-                    runtime=StubRuntime(events, next_pid), fitted={"prompts_too_long": 0, "prompts_truncated": 0})
         logger = SimpleNamespace(lines=[], close=lambda: None)
         logger.log = lambda step, m: logger.lines.append((step, m))
-        run = loop_module.Loop(cfg, tmp_path, parts, logger, state, lambda m: None, 0.0, resumed=resumed)
+        run = Loop(loop_settings(cfg), trainer=StubTrainer(events), buffer=RecordingBuffer(buffer, events),
+                   runtime=StubRuntime(events, next_pid), evaluator=StubEvaluator(),
+                   checkpoints=StubCheckpoints(tmp_path, saved, keep), logger=logger, state=state,
+                   monitor=Monitor(RunState(), 0.0, 300.0), log=lambda m: None, resumed=resumed)
         return run, events, logger
 
     return make, saved
@@ -161,10 +182,10 @@ def test_weights_are_published_every_k_updates_with_the_trainer_version(harness)
 def test_checkpoints_follow_the_schedule_and_the_end(harness):
     make, saved = harness
     run, _, logger = make(steps=10, every=4)
-    summary = run.run()
+    totals = run.run()
     run.close()
     assert [s for s, _ in saved] == [4, 8, 10]  # every 4, and at the end; close() adds none (already saved)
-    assert summary["trainer_steps"] == 10 and summary["score_start"] == 0.5
+    assert run.trainer.version == 10 and run.state.evals[0].score == 0.5 and totals.restarts == 0
     evals = [s for s, m in logger.lines if "eval/score" in m]
     assert evals == [3, 6, 9, 10]
 
@@ -200,16 +221,14 @@ def test_resume_re_adds_the_groups_accepted_after_the_checkpoint(harness):
     assert run2.buffer.groups_added == all_groups  # everything on disk is back in memory
 
 
-def test_checkpoints_compact_the_store_and_a_resume_rebuilds_the_buffer_from_its_snapshot(harness, monkeypatch):
+def test_checkpoints_compact_the_store_and_a_resume_rebuilds_the_buffer_from_its_snapshot(harness):
     make, saved = harness  # the two newest checkpoints are kept, as with checkpoint.keep = 2
-    monkeypatch.setattr(loop_module.ckpt, "buffer_marks",
-                        lambda out: [s["buffer"]["groups_added"] for _, s in saved[-2:]])
-    run, _, _ = make(steps=24, every=4, extra=("buffer.max_samples=16",))
+    run, _, _ = make(steps=24, every=4, extra=("buffer.max_samples=16",), keep=2)
     run.run()
     run.close()
     from tba.store import BufferStore
 
-    store = BufferStore(run.out, readonly=True)
+    store = BufferStore(run.checkpoints.run_dir, readonly=True)
     accepted = store.num_groups() * 4  # every stub group has 4 samples
     stored = store.db.execute("SELECT count(*) FROM samples").fetchone()[0]
     # kept: the buffer as of the older kept checkpoint (step 20) and every group after it; nothing evicted before
@@ -233,10 +252,10 @@ def test_run_state_round_trips_a_checkpoint(tmp_path):
 
 def test_an_async_trainer_drawing_on_an_aging_buffer_warns(harness, monkeypatch):
     make, _ = harness
+    monkeypatch.setattr(monitor_module, "NO_FRESH_WARN_S", 0.0)
     run, _, _ = make(steps=3)
     logs = []
     run.log = logs.append
-    monkeypatch.setattr(loop_module, "NO_FRESH_WARN_S", 0.0)
     run.runtime.collect = lambda block: [group(100, 0), group(101, 0)] if block else []  # prefill, then silence
     run.run()
     assert sum("no fresh samples" in m for m in logs) == 1  # once per quiet spell, not every step
@@ -274,3 +293,16 @@ def test_max_replay_ratio_holds_when_one_update_draws_more_than_a_search_batch(h
     run.run()
     ratios = [m["trainer/replay_ratio"] for _, m in logger.lines]
     assert len(ratios) == 5 and max(ratios) <= 2.0 and ratios[-1] == pytest.approx(2.0)
+
+
+def test_an_update_with_nothing_young_enough_waits_for_fresh_samples(harness):
+    """buffer.max_sample_age: once every buffered sample is too old, the next update blocks for fresh ones
+    instead of training on them (the searcher here delivers only when the loop waits)."""
+    make, _ = harness
+    run, events, logger = make(steps=6, k=1, extra=["buffer.max_sample_age=1"])
+    run.runtime.collect = lambda block, original=run.runtime.collect: original(block) if block else []
+    run.run()
+    waits = [e for e in events if e[0] == "collect" and e[1]]
+    assert len(waits) > 1  # the prefill, then waits for young samples
+    assert max(m["staleness/max"] for _, m in logger.lines) <= 1
+    assert all("buffer/too_old" in m for _, m in logger.lines)

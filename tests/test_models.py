@@ -98,7 +98,7 @@ def test_missing_gguf_file_is_a_clear_error(tmp_path):
 def test_chat_template_wraps_every_prompt(arith_task, tiny_tokenizer):
     import copy
 
-    from tba.build import apply_chat_template
+    from tba.tasks.prepare import apply_chat_template
 
     tok = copy.deepcopy(tiny_tokenizer)
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"

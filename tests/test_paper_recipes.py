@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from tba.cli import main
-from tba.config import TinyModelConfig, load_config
+from tba.config import load_config
 from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
+from tba.schema import TinyModelConfig
 
 RECIPES = Path(__file__).parents[1] / "src" / "tba" / "recipes"
 SHARED = Path(__file__).parents[2] / "shared/data/gsm8k"
@@ -49,7 +50,7 @@ def test_gsm8k_recipe_runs_two_steps_and_a_20_problem_eval_with_a_tiny_model(tmp
     save_checkpoint(model, tokenizer, tmp_path / "tiny")
     out = tmp_path / "run"
     code = main(["train", str(RECIPES / "gsm8k-rho1b.yaml"), f"output_dir={out}", f"model.policy={tmp_path / 'tiny'}",
-                 f"task.source={source}", "model.device=cpu", "search.device=cpu", "task.train_size=200",
+                 f"task.options.source={source}", "model.device=cpu", "search.device=cpu", "task.train_size=200",
                  "task.test_size=20", "trainer.steps=2",
                  "search.num_searchers=1", "search.max_new_tokens=16", "eval.max_new_tokens=16",
                  "buffer.prefill_samples=24", "search.samples_per_prompt=8", "trainer.samples_per_prompt=4",
@@ -119,8 +120,9 @@ def test_tldr_recipe_runs_two_steps_with_win_rate_and_reference_metrics_on_tiny_
                "gold_dtype": "float32", "device": "cpu", "batch_size": 8}
     out = tmp_path / "run"
     code = main(["train", str(RECIPES / "tldr-pythia.yaml"), f"output_dir={out}", f"model.policy={policy}",
-                 "model.device=cpu", "search.device=cpu", f"task.source={data}", "task.test_size=4",
-                 f"task.options={json.dumps(options)}", f"runtime={runtime}", f"mode={mode}", "trainer.steps=2",
+                 "model.device=cpu", "search.device=cpu", f"task.options={json.dumps(options)}",
+                 f"task.options.source={data}", "task.test_size=4", f"runtime={runtime}", f"mode={mode}",
+                 "trainer.steps=2",
                  "search.num_searchers=1", "search.max_new_tokens=8", "eval.max_new_tokens=8",
                  "buffer.prefill_samples=16", "search.samples_per_prompt=4", "trainer.samples_per_prompt=4",
                  "trainer.prompts_per_step=2", "trainer.lr=0.01", "trainer.lr_schedule=constant",

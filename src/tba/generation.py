@@ -8,7 +8,7 @@ as in the paper's code (§2.2), so the TB residual compares like with like.
 (SmolLM2-135M fp32, 8 prompts × 8 samples, ≤ 64 new tokens, one thread) HF `generate` made ≈ 62 tokens per
 CPU-second, this loop ≈ 120. The time was not lost around the model but inside its forward, on work that is
 not the matmuls; each item below is followed by what removing only that fix from this loop costs
-(bench/sampler.py measures the whole; each figure below is from a shared 2-core machine, so read it as a size):
+(bench/perf/sampler.py measures the whole; each figure below is from a shared 2-core machine, so read it as a size):
 
 * grouped-query attention under a padding mask: HF's sdpa path then materialises K and V for every query head
   (`repeat_kv`, 3× the cache, every step and layer; ≈ 12× the attention itself at 300 cached tokens)

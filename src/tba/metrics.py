@@ -15,20 +15,39 @@ from pathlib import Path
 
 import numpy as np
 
-from tba.config import RunConfig, to_dict
+from tba.schema import LoggingConfig
 
 
-def buffer_age_mean(buffer, version: int) -> float:
-    """Mean (version − sample version) over everything the buffer holds in memory; nan when it is empty."""
-    ages = [version - s.version for h in buffer.histories.values() for s in h.items]
-    return float(np.mean(ages)) if ages else float("nan")
+def source_metrics(draws, version: int, sources: dict[str, dict]) -> dict[str, float]:
+    """Per source (searcher group, data), when the run has more than one: this update's share of the drawn
+    samples, their mean reward and age, and the source's share of every sample received so far."""
+    drawn = [s for d in draws for s in d.samples]
+    names = sorted({s.source for s in drawn} | set(sources))
+    if len(names) < 2:
+        return {}
+    received = sum(t["received"] for t in sources.values())
+    out = {}
+    for name in names:
+        mine = [s for s in drawn if s.source == name]
+        out[f"source/{name}/draw_share"] = len(mine) / len(drawn)
+        out[f"source/{name}/draw_reward_mean"] = float(np.mean([s.reward for s in mine])) if mine else float("nan")
+        out[f"source/{name}/age_mean"] = float(np.mean([version - s.version for s in mine])) if mine else float("nan")
+        out[f"source/{name}/received_share"] = sources.get(name, {}).get("received", 0) / max(received, 1)
+    return out
 
 
 def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh: list[float], received: int,
-                 busy_fraction: float, searchers: dict[str, float], wall_clock_s: float) -> dict[str, float]:
+                 busy_fraction: float, searchers: dict[str, float], wall_clock_s: float,
+                 sources: dict[str, dict] | None = None) -> dict[str, float]:
     """One step's metrics: the trainer's `update` metrics, plus what was drawn (staleness = trainer version −
-    sample version, before the update), what the buffer holds, and the searchers' own counters."""
+    sample version, before the update), what the buffer holds, the searchers' own counters, and — with
+    several sources — each source's share (tba.metrics.source_metrics)."""
     staleness = [version - s.version for d in draws for s in d.samples]
+    extra = {}
+    if buffer.cfg.max_sample_age is not None:
+        extra["buffer/too_old"] = buffer.too_old
+    if buffer.data:
+        extra["buffer/data_fraction"] = float(np.mean([d.data for d in draws]))
     return {
         **update,
         "searcher/reward_mean": float(np.mean(fresh)) if fresh else float("nan"),  # this step's fresh samples
@@ -37,12 +56,14 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
         "buffer/size": len(buffer),
         "buffer/prompts": buffer.num_prompts,
         "buffer/groups": buffer.groups_added,
-        "buffer/age_mean": buffer_age_mean(buffer, version),
+        "buffer/age_mean": buffer.age_mean(version),
         "buffer/online_fraction": float(np.mean([d.online for d in draws])),
         "staleness/mean": float(np.mean(staleness)),
         "staleness/max": float(np.max(staleness)),
         "trainer/busy_fraction": busy_fraction,
         **searchers,
+        **extra,
+        **source_metrics(draws, version, sources or {}),
         "wall_clock_s": wall_clock_s,
     }
 
@@ -62,24 +83,28 @@ class RunTotals:
     wall_clock_s: float
     train_s: float
     """Training seconds, evaluation excluded."""
+    startup_s: float = 0.0
+    """Seconds from the (last) segment's start to its training clock's: models built, searchers launched and
+    ready, evaluation excluded. A launch-to-accuracy clock is startup_s + train_wall_clock_s."""
 
 
-def run_summary(cfg: RunConfig, state, parts, totals: RunTotals) -> dict:
+def run_summary(state, run, totals: RunTotals) -> dict:
     """summary.json: before/after evaluation, train reward at the start and end, and the run's counters.
-    `state`: the loop's tba.state.RunState; `parts`: what the run trained with (tba.build.Run)."""
-    trainer, buffer, fitted, t = parts.trainer, parts.buffer, parts.fitted, totals
+    `state`: the loop's tba.state.RunState; `run`: what the run trained with (tba.build.Run)."""
+    trainer, buffer, fitted, t = run.trainer, run.buffer, run.fitted, totals
     window = max(1, len(state.rewards_seen) // 10)
     seen = state.rewards_seen
     return {
         "score_start": state.evals[0].score,
         "score_end": state.evals[-1].score,
-        "test_problems": len(parts.task.test),
+        "test_problems": len(run.task.test),
         "eval_start": state.evals[0].metrics,
         "eval_end": state.evals[-1].metrics,
         "train_reward_start": float(np.mean(seen[:window])) if seen else float("nan"),
         "train_reward_end": float(np.mean(seen[-window:])) if seen else float("nan"),
         "wall_clock_s": t.wall_clock_s,
         "train_wall_clock_s": t.train_s,
+        "startup_s": t.startup_s,
         "trainer_steps": trainer.version,
         "skipped_steps": trainer.skipped_steps,
         "samples_received": state.received,
@@ -90,32 +115,37 @@ def run_summary(cfg: RunConfig, state, parts, totals: RunTotals) -> dict:
         "buffer_groups": buffer.groups_added,
         "buffer_evicted_prompts": buffer.evicted_prompts,
         "resumed_at_steps": state.resumed_at,
+        "sources": {name: {"samples_received": t["received"], "samples_drawn": t["drawn"],
+                           "reward_mean": t["reward_sum"] / t["received"] if t["received"] else None}
+                    for name, t in sorted(state.sources.items())},
+        **({"data": run.data} if run.data else {}),
+        "buffer_data_samples": buffer.data_size,
         "trainer_busy_fraction": t.busy_fraction,
-        "objective": cfg.objective,
-        "runtime": cfg.runtime,
-        "mode": cfg.mode,
-        "seed": cfg.seed,
+        **run.identity,
         "searchers": t.placement,
         "evals": [(e.step, e.score, e.train_s) for e in state.evals],
     }
 
 
 class MetricsLogger:
-    def __init__(self, out_dir: Path, cfg: RunConfig):
+    def __init__(self, out_dir: Path, cfg: LoggingConfig, run_config: dict | None = None, callbacks=None):
+        """`run_config`: the whole run's config as a dict, for W&B's run page; `callbacks`: fn(step, metrics),
+        called after each line is written (tba.api's callbacks)."""
+        self.callbacks = list(callbacks or [])
         self.path = out_dir / "metrics.jsonl"
         self._file = self.path.open("a")
         self._tb = None
         self._wandb = None
-        if cfg.logging.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when it is used
 
             self._tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
-        if cfg.logging.wandb:
+        if cfg.wandb:
             try:
-                import wandb
+                import wandb  # an optional dependency
             except ImportError as e:
                 raise RuntimeError("logging.wandb=true needs `pip install wandb` (or tba[wandb])") from e
-            self._wandb = wandb.init(project=cfg.logging.wandb_project, config=to_dict(cfg), dir=str(out_dir))
+            self._wandb = wandb.init(project=cfg.wandb_project, config=run_config or {}, dir=str(out_dir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
@@ -127,6 +157,8 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if "/" in k}, step=step)
+        for callback in self.callbacks:
+            callback(step, metrics)
 
     def close(self) -> None:
         self._file.close()

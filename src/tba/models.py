@@ -20,7 +20,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
-from tba.config import LoraConfig, TinyModelConfig
+from tba.errors import UserError
+from tba.schema import LoraConfig, TinyModelConfig
 
 transformers_logging.disable_progress_bar()  # per-file "Loading weights" bars from every searcher drown the log
 # PEFT calls a transformers property deprecated in v5 on every LoRA forward setup; users can do nothing about it
@@ -29,8 +30,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
 
-class ModelLoadError(RuntimeError):
-    pass
+class ModelLoadError(UserError, RuntimeError):
+    """A model or tokenizer that cannot be loaded (not found, offline, not installed)."""
 
 
 def _offline_hint(name: str, err: Exception) -> ModelLoadError:
@@ -111,7 +112,7 @@ def load_model(name_or_path: str, dtype: str = "float32"):
     name_or_path = resolve_source(name_or_path)
     adapter = Path(name_or_path) / "adapter_config.json"
     if adapter.is_file():
-        from peft import PeftModel
+        from peft import PeftModel  # deferred: importing PEFT costs ≈ 1 s, only LoRA runs need it
 
         base = load_model(json.loads(adapter.read_text())["base_model_name_or_path"], dtype)
         return PeftModel.from_pretrained(base, name_or_path, is_trainable=True)

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import yaml
 
+from tba.errors import UserError
 
-class ReportError(ValueError):
+
+class ReportError(UserError, ValueError):
     pass
 
 
@@ -134,6 +136,19 @@ FIGURES = [
 OPTIONAL_PANELS = {"log Ẑ mean", "residual"}  # drawn only when some run logged them
 SMOOTHED = {"searcher/reward_mean", "trainer/loss"}  # noisy per step: rolling mean over the raw, drawn faint
 STYLES = ["-", "--", ":", "-."]
+
+
+def source_figure(runs: list[Run]) -> list:
+    """A figure of each source's share, reward and age of the drawn samples — for runs with several sources
+    (searcher groups, data), which log `source/<name>/…` keys; none otherwise."""
+    names = sorted({k.split("/")[1] for r in runs for row in r.rows for k in row
+                    if k.startswith("source/") and k.endswith("/draw_share")})
+    if not names:
+        return []
+    return [("sources.png", "Sources of the drawn samples (searcher groups, data)", [
+        ("share of the drawn samples", "fraction", STEP, [(f"source/{n}/draw_share", n) for n in names], False),
+        ("their mean reward", "reward", STEP, [(f"source/{n}/draw_reward_mean", n) for n in names], False),
+        ("their age", "versions behind the trainer", STEP, [(f"source/{n}/age_mean", n) for n in names], False)])]
 
 
 def _with_summary_evals(run: Run, xs: list[float], ys: list[float], x: str) -> tuple[list[float], list[float]]:
@@ -279,7 +294,7 @@ def report(run_dirs: list[Path], out: Path, log=print) -> Path:
         if r.summary is None:
             log(f"{r.path}: no summary.json — running or killed, last step {int(r.rows[-1]['step'])}")
     figures = []
-    for fname, title, panels in FIGURES:
+    for fname, title, panels in [*FIGURES, *source_figure(runs)]:
         plot_figure(plt, runs, panels, out / fname)
         figures.append((title, out / fname))
     page = out / "report.html"

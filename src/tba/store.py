@@ -11,7 +11,10 @@ Schema (the `seq` of a group is its acceptance order, 1-based; replaying groups 
 `ReplayBuffer.add` rebuilds the in-memory buffer exactly):
 
     prompts(prompt_id, tokens)                      tokens: int32 little-endian bytes
-    groups(seq, prompt_id, step, time)              step: trainer step at which the group was accepted
+    groups(seq, prompt_id, step, time, source)      step: trainer step at which the group was accepted;
+                                                    source: the searcher group or data that produced it (a
+                                                    store written before sources existed gets the column,
+                                                    every group "policy", when it is opened for writing)
     syncs(after_seq, step)                          a weight publication (new recency window) after group seq
     samples(seq, idx, version, reward, response, ref_logprobs, behaviour_logprobs)
                                                     response int32 bytes, log-probs float32 bytes (lossless:
@@ -40,12 +43,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tba.errors import UserError
 from tba.types import Group, Sample
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS prompts(prompt_id INTEGER PRIMARY KEY, tokens BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS groups(seq INTEGER PRIMARY KEY, prompt_id INTEGER NOT NULL, step INTEGER NOT NULL,
-                                  time REAL NOT NULL);
+                                  time REAL NOT NULL, source TEXT NOT NULL DEFAULT 'policy');
 CREATE TABLE IF NOT EXISTS samples(seq INTEGER NOT NULL, idx INTEGER NOT NULL, version INTEGER NOT NULL,
                                    reward REAL NOT NULL, response BLOB NOT NULL, ref_logprobs BLOB NOT NULL,
                                    behaviour_logprobs BLOB NOT NULL, PRIMARY KEY(seq, idx));
@@ -57,7 +61,7 @@ CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 FILENAME = "buffer.sqlite"
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError, RuntimeError):
     """The buffer store cannot be written or read (disk full, unwritable directory, not a tba buffer)."""
 
 
@@ -106,6 +110,11 @@ class BufferStore:
         if missing := {"prompts", "groups", "samples", "syncs", "snapshots", "meta"} - tables:
             raise StoreError(f"{self.path} is not a replay buffer this tba can read: no table "
                              f"{', '.join(sorted(missing))}")
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(groups)")}
+        if "source" not in columns and not readonly:  # written before sources: every group was the policy's
+            with self.db:
+                self.db.execute("ALTER TABLE groups ADD COLUMN source TEXT NOT NULL DEFAULT 'policy'")
+        self._source = "g.source" if "source" in columns or not readonly else "'policy'"
         counted = self.db.execute("SELECT value FROM meta WHERE key = 'groups'").fetchone()
         last = self.db.execute("SELECT coalesce(max(seq), 0) FROM groups").fetchone()[0]
         self.accepted = counted[0] if counted else last  # compaction may have removed the last groups' rows
@@ -123,10 +132,10 @@ class BufferStore:
                                     [(pid, _ints(tokens)) for pid, tokens in new.items()])
                 rows, sample_rows = [], []
                 for seq, g in enumerate(groups, first):
-                    rows.append((seq, g.prompt_id, step, now))
+                    rows.append((seq, g.prompt_id, step, now, g.source))
                     sample_rows += [(seq, i, s.version, s.reward, _ints(s.response), _floats(s.ref_logprobs),
                                      _floats(s.behaviour_logprobs)) for i, s in enumerate(g.samples)]
-                self.db.executemany("INSERT INTO groups VALUES (?, ?, ?, ?)", rows)
+                self.db.executemany("INSERT INTO groups VALUES (?, ?, ?, ?, ?)", rows)
                 self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?)", sample_rows)
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?)", (first + len(groups) - 1,))
         except sqlite3.OperationalError as e:
@@ -160,18 +169,18 @@ class BufferStore:
         stop = stop if stop is not None else 2**62
         prompts = self.prompt_tokens()
         rows = self.db.execute(
-            "SELECT g.seq, g.prompt_id, g.step, s.version, s.reward, s.response, s.ref_logprobs, "
+            f"SELECT g.seq, g.prompt_id, g.step, {self._source}, s.version, s.reward, s.response, s.ref_logprobs, "
             "s.behaviour_logprobs FROM groups g JOIN samples s ON s.seq = g.seq "
             "WHERE g.seq > ? AND g.seq <= ? ORDER BY g.seq, s.idx", (start, stop))
         current, samples, meta = None, [], None
-        for seq, pid, step, *sample in rows:
+        for seq, pid, step, source, *sample in rows:
             if seq != current and current is not None:
-                yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples)
+                yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples, meta[3])
                 samples = []
-            current, meta = seq, (seq, pid, step)
-            samples.append(_sample(*sample))
+            current, meta = seq, (seq, pid, step, source)
+            samples.append(_sample(*sample, source))
         if current is not None:
-            yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples)
+            yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples, meta[3])
 
     def prompt_tokens(self) -> dict[int, list[int]]:
         return {pid: np.frombuffer(t, "<i4").tolist() for pid, t in self.db.execute("SELECT * FROM prompts")}
@@ -203,8 +212,9 @@ class BufferStore:
         out = {}
         for lo, hi in _spans(sorted({seq for seq, _ in wanted})):
             for seq, idx, *sample in self.db.execute(
-                    "SELECT seq, idx, version, reward, response, ref_logprobs, behaviour_logprobs FROM samples "
-                    "WHERE seq >= ? AND seq <= ?", (lo, hi)):
+                    f"SELECT s.seq, s.idx, s.version, s.reward, s.response, s.ref_logprobs, s.behaviour_logprobs, "
+                    f"{self._source} FROM samples s JOIN groups g ON g.seq = s.seq WHERE s.seq >= ? AND s.seq <= ?",
+                    (lo, hi)):
                 if (seq, idx) in wanted:
                     out[seq, idx] = _sample(*sample)
         if len(out) != len(wanted):
@@ -253,6 +263,11 @@ class BufferStore:
                    "JOIN groups g USING(seq))").fetchone()[0]
         hist = q("SELECT round(reward, 3), count(*) FROM samples GROUP BY 1 ORDER BY 1 LIMIT 20").fetchall()
         snapshots = q("SELECT count(*) FROM snapshots").fetchone()[0]
+        sources = {name: {"groups": g, "samples": n, "sample_share": n / max(samples, 1), "reward_mean": r,
+                          "version_min": lo, "version_max": hi}
+                   for name, g, n, r, lo, hi in q(
+                       f"SELECT {self._source}, count(DISTINCT g.seq), count(*), avg(s.reward), min(s.version), "
+                       "max(s.version) FROM samples s JOIN groups g ON g.seq = s.seq GROUP BY 1 ORDER BY 1")}
         return {
             "path": str(self.path),
             "bytes_on_disk": sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*")),
@@ -261,16 +276,16 @@ class BufferStore:
             "unique_responses": unique, "snapshots": snapshots,
             "reward_mean": reward, "reward_counts": {str(r): n for r, n in hist},
             "version_min": vmin, "version_max": vmax, "last_step": steps,
-            "span_s": (last - first) if groups else 0.0,
+            "span_s": (last - first) if groups else 0.0, "sources": sources,
         }
 
     def close(self) -> None:
         self.db.close()
 
 
-def _sample(version, reward, response, ref, behaviour) -> Sample:
+def _sample(version, reward, response, ref, behaviour, source) -> Sample:
     return Sample(np.frombuffer(response, "<i4").tolist(), np.frombuffer(ref, "<f4").tolist(), reward, version,
-                  np.frombuffer(behaviour, "<f4").tolist())
+                  np.frombuffer(behaviour, "<f4").tolist(), source)
 
 
 def _spans(seqs: list[int], gap: int = 64) -> Iterator[tuple[int, int]]:

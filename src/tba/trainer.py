@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 import torch
 
 from tba.buffer import Draw
-from tba.config import BaselineConfig, TBConfig, TrainerConfig
+from tba.checkpoint import load_optimizer
 from tba.generation import response_logprobs
-from tba.models import synced_tensors
-from tba.objectives import OBJECTIVES, objective_loss
+from tba.models import load_model, synced_tensors
+from tba.objectives import Objective
 from tba.objectives.tb import beta_at, vargrad_log_z
+from tba.schema import BaselineConfig, TBConfig, TrainerConfig
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -53,7 +54,7 @@ def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     return out.to(device)
 
 
-def _behaviour(draws: list[Draw], objective: str) -> list[list[float]]:
+def _behaviour(draws: list[Draw], objective: Objective) -> list[list[float]]:
     """Each sample's behaviour log-probs. A sample without them cannot be importance-weighted: treating the
     missing values as 0 would turn the ratio π_θ/μ into π_θ, silently, so it is an error."""
     rows = []
@@ -61,25 +62,30 @@ def _behaviour(draws: list[Draw], objective: str) -> list[list[float]]:
         for s in d.samples:
             if not s.behaviour_logprobs or len(s.behaviour_logprobs) != len(s.response):
                 have = len(s.behaviour_logprobs or [])
-                raise ValueError(f"objective {objective} needs the behaviour log-probs of every response token; a "
-                                 f"sample of prompt {d.prompt_id} (policy version {s.version}) has {have} for "
-                                 f"{len(s.response)} tokens. Buffers written before behaviour log-probs were stored, "
-                                 "or by a sampler that does not return them, can train tb, rloo or online_dpo only")
+                raise ValueError(f"objective {objective.name} needs the behaviour log-probs of every response token; a "
+                                 f"sample of prompt {d.prompt_id} from source {s.source!r} (policy version "
+                                 f"{s.version}) has {have} for {len(s.response)} tokens. Completions from elsewhere "
+                                 "(data), buffers written before behaviour log-probs were stored, or a sampler that "
+                                 "does not return them can train tb, rloo or online_dpo only")
             rows.append(s.behaviour_logprobs)
     return rows
 
 
 class Trainer:
-    def __init__(self, model, cfg: TrainerConfig, tb: TBConfig, *, objective: str, temperature: float,
-                 pad_id: int, baselines: BaselineConfig | None = None, max_tokens: int = 1, reference=None):
+    def __init__(self, model, objective: Objective, cfg: TrainerConfig, tb: TBConfig, *, temperature: float,
+                 pad_id: int, baselines: BaselineConfig | None = None, max_tokens: int = 1, reference=None,
+                 aging: frozenset[str] | None = None):
+        """`objective`: an entry of tba.objectives.OBJECTIVES; `reference`: its own π_ref copy, for an objective
+        that owns one (TBA′ resets it to the policy every ρ steps and scores π_ref itself); `aging`: the sources
+        whose samples age (they load the trainer's weights; None = every source), which the age-scaled step
+        looks at."""
+        self.aging = aging
         self.model, self.cfg, self.tb = model, cfg, tb
         self.objective, self.baselines = objective, baselines or BaselineConfig()
-        self.spec = OBJECTIVES[objective]
         self.max_tokens = max_tokens
-        # an objective that owns its reference (TBA′ resets it to the policy every ρ steps) scores π_ref itself
-        self.reference = reference.eval() if self.spec.owns_reference and reference is not None else None
-        if self.spec.owns_reference and reference is None:
-            raise ValueError(f"objective {objective} keeps its own reference model: pass reference=")
+        self.reference = reference.eval() if objective.owns_reference and reference is not None else None
+        if objective.owns_reference and reference is None:
+            raise ValueError(f"objective {objective.name} keeps its own reference model: pass reference=")
         model.eval()  # dropout off (see the module docstring)
         self.temperature, self.pad_id = temperature, pad_id
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
@@ -97,24 +103,22 @@ class Trainer:
         The median, not the mean: the few slots drawn from the whole history (1 − m) are hundreds of versions
         old in a long run and would otherwise set the step size of every update. Never-synced searchers
         (sync_every_steps = 0) are exempt: their data do not depend on the trainer's updates, so there is no
-        delayed feedback loop to stabilise, only a fixed behaviour policy."""
+        delayed feedback loop to stabilise, only a fixed behaviour policy — and so are the samples of a fixed
+        searcher group and of `data` among the others (only the `aging` sources count)."""
         a0 = self.cfg.stale_lr_age
         if a0 is None or self.cfg.sync_every_steps == 0:
             return 1.0
-        ages = sorted(self.version - s.version for d in draws for s in d.samples)
+        ages = sorted(self.version - s.version for d in draws for s in d.samples
+                      if self.aging is None or s.source in self.aging)
         median = ages[len(ages) // 2] if ages else 0
         return min(1.0, a0 / median) if median > 0 else 1.0
 
     def load_state(self, path, state: dict) -> None:
         """Continue from checkpoint `path` (tba.checkpoint): optimizer moments, counters, TBA′ reference.
         The policy weights were loaded with the model; LR and β are functions of the step."""
-        from tba.checkpoint import load_optimizer
-
         load_optimizer(path, self.optimizer, state["optimizer_param_groups"])
         self.version, self.skipped_steps = state["version"], state["skipped_steps"]
         if self.reference is not None and (path / "reference").is_dir():
-            from tba.models import load_model
-
             self.reference.load_state_dict(load_model(str(path / "reference")).state_dict())
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -153,13 +157,13 @@ class Trainer:
         else:
             ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width, device)  # [N, R]
         behaviour_tok = None  # only the ratio-based objectives read the searchers' behaviour log-probs
-        if self.spec.reads_behaviour:
+        if self.objective.reads_behaviour:
             behaviour_tok = _padded(_behaviour(micro, self.objective), width, device)  # [N, R]
         reward = torch.tensor([s.reward for d in micro for s in d.samples], device=device)  # [N]
         group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
-        loss = objective_loss(self.objective, logp=logp_tok, mask=mask, ref_logp=ref_tok,
-                              behaviour_logp=behaviour_tok, reward=reward, group=group, beta=beta,
-                              cfg=self.baselines, tb=self.tb, max_tokens=self.max_tokens)
+        loss = self.objective.loss(logp=logp_tok, mask=mask, ref_logp=ref_tok, behaviour_logp=behaviour_tok,
+                                   reward=reward, group=group, beta=beta, baselines=self.baselines, tb=self.tb,
+                                   max_tokens=self.max_tokens)
         loss = loss * (len(responses) / tally.samples)
         logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
         ref = (ref_tok * mask).sum(-1)  # [N]

@@ -22,7 +22,10 @@ class Sample:
     version: int
     """Policy version (trainer updates applied) of the weights that generated it."""
     behaviour_logprobs: list[float] = field(default_factory=list)
-    """Per-token log-probs under the generating policy (logits ÷ T); diagnostics and ratio-based baselines."""
+    """Per-token log-probs under the generating policy (logits ÷ T); diagnostics and ratio-based baselines.
+    Empty for completions from elsewhere (tba.offline_data): their behaviour policy is unknown."""
+    source: str = "policy"
+    """Who produced it: a searcher group's name (search.groups; "policy" by default) or the data's (data.name)."""
 
     @property
     def ref_logprob_sum(self) -> float:
@@ -36,3 +39,5 @@ class Group:
     prompt_id: int
     prompt_tokens: list[int]
     samples: list[Sample]
+    source: str = "policy"
+    """Who produced the group (every sample of it): a searcher group's name, or the data's."""

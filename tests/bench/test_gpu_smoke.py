@@ -1,4 +1,4 @@
-"""bench/gpu_smoke.py end to end: the real loop, local runtime, trainer + one searcher on one device.
+"""bench/perf/gpu_smoke.py end to end: the real loop, local runtime, trainer + one searcher on one device.
 
 On CPU (CI) with a tiny model, for each sampler backend that imports; on a CUDA machine (marker `gpu`) the
 same code path on the GPU, where the weights travel over CUDA IPC. Nothing here asserts a speed."""
@@ -16,8 +16,8 @@ def _rows(results):
 
 def _smoke(tmp_path, run_bench, device, backends):
     results = tmp_path / "gpu_smoke.md"
-    run_bench("gpu_smoke", ["--smoke", "--device", device, "--backends", *backends, "--out", str(tmp_path / "out"),
-                            "--results", str(results)])
+    run_bench("bench.perf.gpu_smoke", ["--smoke", "--device", device, "--backends", *backends,
+                                       "--out", str(tmp_path / "out"), "--results", str(results)])
     rows = _rows(results)
     assert [r["backend"] for r in rows] == backends
     for r in rows:

@@ -1,7 +1,7 @@
-"""bench/reading.py: a benchmark that rewrites its results table keeps the hand-written reading below it."""
+"""bench/lib/reading.py: a benchmark that rewrites its results table keeps the hand-written reading below it."""
 
 def test_a_rewrite_keeps_the_reading_and_replaces_the_table(tmp_path, bench_script):
-    write_keeping_reading = bench_script("reading").write_keeping_reading
+    write_keeping_reading = bench_script("bench.lib.reading").write_keeping_reading
     path = tmp_path / "r.md"
     write_keeping_reading(path, "# t\n\n| a |\n")
     assert path.read_text() == "# t\n\n| a |\n"

@@ -1,4 +1,4 @@
-"""bench/scratch.py: a benchmark's scratch folder is removed when it finishes and kept, named, when it fails."""
+"""bench/lib/scratch.py: a benchmark's scratch folder is removed when it finishes and kept, named, when it fails."""
 
 import tempfile
 
@@ -6,7 +6,7 @@ import pytest
 
 
 def test_removed_on_success_kept_and_named_on_failure(tmp_path, monkeypatch, capsys, bench_script):
-    scratch_dir = bench_script("scratch").scratch_dir
+    scratch_dir = bench_script("bench.lib.scratch").scratch_dir
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with scratch_dir("ok-") as root:
         (root / "run").mkdir()

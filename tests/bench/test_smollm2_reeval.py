@@ -1,5 +1,5 @@
-"""bench/smollm2_reeval.py: the larger held-out set starts with the run's own test problems and shares no question
-with anything the run trained on; the paired standard error is that of the per-problem differences."""
+"""bench/claims/smollm2_reeval.py: the larger held-out set starts with the run's own test problems and shares no
+question with anything the run trained on; the paired standard error is that of the per-problem differences."""
 
 import math
 
@@ -10,16 +10,16 @@ pytest.importorskip("reasoning_gym")
 
 @pytest.fixture
 def reeval(bench_script):
-    return bench_script("smollm2_reeval")
+    return bench_script("bench.claims.smollm2_reeval")
 
 
 def test_held_out_keeps_the_runs_own_problems_first_and_nothing_trained_on(reeval):
+    from tba.build import build_task
     from tba.config import load_config
-    from tba.tasks import make_task
 
     cfg = load_config("smollm2_rg_cpu", ["task.train_size=300", "task.test_size=40"])
     task, prompts = reeval.held_out(cfg, 200)
-    run = make_task(cfg.task)
+    run = build_task(cfg)
     questions = [p.meta["entry"]["question"] for p in prompts]
     assert questions[:40] == [p.meta["entry"]["question"] for p in run.test]
     assert len(set(questions)) == len(questions) > 40 + 100  # most extra draws survive the filter

@@ -1,4 +1,4 @@
-"""bench/smollm2_seeds.py reads finished runs back (no rerun) and writes its table from their files: final, peak,
+"""bench/claims/smollm2_seeds.py reads finished runs back (no rerun) and writes its table from their files: final, peak,
 final − peak and gain per seed, and the noise of one evaluation from the held-out size the runs used."""
 
 import json
@@ -15,7 +15,7 @@ def _finished_run(out: Path, evals: list[float], n_test: int) -> None:
 
 
 def test_table_from_finished_runs(tmp_path, bench_script):
-    seeds = bench_script("smollm2_seeds")
+    seeds = bench_script("bench.claims.smollm2_seeds")
     _finished_run(tmp_path / "runs" / "seed3", [0.15, 0.50, 0.70, 0.66, 0.68], 1000)
     _finished_run(tmp_path / "runs" / "seed4", [0.15, 0.45, 0.60, 0.64, 0.65], 1000)
     results = tmp_path / "res" / "out.md"

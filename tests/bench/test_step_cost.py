@@ -1,4 +1,4 @@
-"""bench/step_cost.py: the overlap limit it derives from tba sync at one and at all threads, and --smoke end to end
+"""bench/perf/step_cost.py: the overlap limit it derives from tba sync at one and at all threads, and --smoke end to end
 (every system's column, the limit, the last line)."""
 
 import pytest
@@ -9,7 +9,7 @@ pytest.importorskip("trl")
 @pytest.fixture
 def step_cost(monkeypatch, bench_script):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return bench_script("step_cost")  # which imports vs_trl as the script would
+    return bench_script("bench.perf.step_cost")  # which imports vs_trl as the script would
 
 
 def run(step_cost, total: float, **phases) -> dict:

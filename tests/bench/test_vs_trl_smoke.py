@@ -1,4 +1,4 @@
-"""bench/vs_trl.py --smoke end to end (in-process): both systems run and the results file has a row each."""
+"""bench/perf/vs_trl.py --smoke end to end (in-process): both systems run and the results file has a row each."""
 
 import json
 
@@ -10,7 +10,7 @@ pytest.importorskip("trl")
 @pytest.mark.slow
 def test_vs_trl_smoke_writes_a_row_per_system(tmp_path, monkeypatch, bench_script):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    vs_trl = bench_script("vs_trl")
+    vs_trl = bench_script("bench.perf.vs_trl")
     results = tmp_path / "vs_trl.md"
     assert vs_trl.main(["--smoke", "--seeds", "0", "--budget-s", "5", "--out", str(tmp_path / "out"),
                         "--results", str(results), "--tba-sync", f"sft.cache_dir={tmp_path / 'cache'}"]) == 0
@@ -24,6 +24,20 @@ def test_vs_trl_smoke_writes_a_row_per_system(tmp_path, monkeypatch, bench_scrip
     assert all(r["steps"] >= 1 and r["evals"][0][0] == 0 for r in rows)
     assert results.with_suffix(".png").stat().st_size > 10_000  # the accuracy-vs-wall-clock figure
     assert rows[2]["train_s"] < 30  # the callback stopped TRL at its 5 s budget (max_steps is 10**6)
+    assert all(r["startup_s"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_vs_trl_startup_clocks_from_launch(tmp_path, monkeypatch, bench_script):
+    """--startup: each system's first evaluation is stamped after its start-up, not at 0."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    vs_trl = bench_script("bench.perf.vs_trl")
+    results = tmp_path / "vs_trl.md"
+    assert vs_trl.main(["--smoke", "--startup", "--seeds", "0", "--budget-s", "15", "--out", str(tmp_path / "out"),
+                        "--results", str(results), f"sft.cache_dir={tmp_path / 'cache'}"]) == 0
+    rows = json.loads(results.read_text().split("```json\n")[1].split("```")[0])
+    assert all(r["evals"][1][2] > r["startup_s"] > 0 for r in rows)
+    assert "from launch" in results.read_text()
 
 
 def _row(system: str, seed: int, t: float | None) -> dict:
@@ -33,7 +47,7 @@ def _row(system: str, seed: int, t: float | None) -> dict:
 
 
 def test_merge_reports_the_union_of_two_files_and_refuses_a_seed_twice(tmp_path, bench_script):
-    vs_trl = bench_script("vs_trl")
+    vs_trl = bench_script("bench.perf.vs_trl")
     a, b, out = tmp_path / "a.md", tmp_path / "b.md", tmp_path / "ab.md"
     a.write_text("# x\n\n```json\n" + json.dumps([_row("tba", 0, 30.0), _row("trl-grpo", 0, 40.0)]) + "\n```\n")
     b.write_text("```json\n" + json.dumps([_row("tba", 3, 50.0), _row("trl-grpo", 3, 20.0)]) + "\n```\n")

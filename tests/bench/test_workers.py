@@ -1,4 +1,4 @@
-"""bench/workers.py: a grid benchmark's pool workers exit when the benchmark is killed, instead of training their
+"""bench/lib/workers.py: a grid benchmark's pool workers exit when the benchmark is killed, instead of training their
 cells to the end on cores a rerun then shares with them."""
 
 import os
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from procs import alive
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+REPO = Path(__file__).resolve().parents[2]
 
 PARENT = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from workers import worker_pool
+from bench.lib.workers import worker_pool
 if __name__ == "__main__":
     with worker_pool(1) as pool:
         print(pool.submit(os.getpid).result(), flush=True)
@@ -26,7 +26,7 @@ if __name__ == "__main__":
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_benchmark_takes_its_pool_workers_with_it():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(BENCH)], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(REPO)], stdout=subprocess.PIPE, text=True)
     try:
         worker = int(parent.stdout.readline())
         assert alive(worker)

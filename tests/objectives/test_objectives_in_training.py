@@ -25,7 +25,7 @@ def test_objective_trains_end_to_end(tmp_path, sft_cache, objective):
     out = tmp_path / "run"  # one-digit sums: the 20-step warm start gets some right, so groups carry signal
     code = main(["train", TINY, f"output_dir={out}", f"sft.cache_dir={sft_cache}", f"objective={objective}",
                  "runtime=inline", "mode=sync", "trainer.steps=4", "trainer.lr=1e-3", "eval.every_steps=4",
-                 "task.digits=1", "search.max_new_tokens=16", "baselines.reference_reset_steps=2"])
+                 "task.options.digits=1", "search.max_new_tokens=16", "baselines.reference_reset_steps=2"])
     assert code == 0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [m["trainer/loss"] for m in lines]

@@ -23,5 +23,5 @@ class FaultySampler:
         self.inner.close()
 
 
-def build(cfg, source, tokenizer, device, seed, policy=None):
-    return FaultySampler(build_hf(cfg, source, tokenizer, device, seed, policy))
+def build(spec, *, source, tokenizer, device, seed, policy=None):
+    return FaultySampler(build_hf(spec, source=source, tokenizer=tokenizer, device=device, seed=seed, policy=policy))

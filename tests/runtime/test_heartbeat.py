@@ -34,7 +34,7 @@ def test_a_stopped_fast_searcher_is_caught_long_before_the_cap(tmp_path, capsys,
     out = tmp_path / "run"
     try:
         code = main(["train", *TINY, f"output_dir={out}", "runtime=local", "mode=async", "trainer.steps=120",
-                     "eval.every_steps=120", "search.heartbeat_floor_s=2", "sft.enabled=false"])
+                     "eval.every_steps=120", "supervision.heartbeat_floor_s=2", "sft.enabled=false"])
     finally:
         if seen["stopped"] and stat(seen["stopped"])[:1] == ["T"]:
             os.kill(seen["stopped"], signal.SIGKILL)
@@ -43,6 +43,6 @@ def test_a_stopped_fast_searcher_is_caught_long_before_the_cap(tmp_path, capsys,
     assert code == 0, err[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["searcher_restarts"] >= 1, "the stopped searcher went unnoticed"
-    assert "(limit " in err and "max(search.heartbeat_floor_s=2, 20 × its slowest recent interval" in err
-    assert "search.heartbeat_timeout_s=300" not in err.split("sent no batch", 1)[1].split("\n", 1)[0]
+    assert "(limit " in err and "max(supervision.heartbeat_floor_s=2, 20 × its slowest recent interval" in err
+    assert "supervision.heartbeat_timeout_s=300" not in err.split("sent no batch", 1)[1].split("\n", 1)[0]
     assert not child_processes()

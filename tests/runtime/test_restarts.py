@@ -1,7 +1,7 @@
 """kill -9 a searcher mid-run: it is restarted (local: by the runtime; Ray: by Ray's max_restarts), the run
 completes, and summary.json reports exactly one restart. In sync mode the trainer waits for every searcher each
 step, so completing the run proves the restarted searcher delivers again. SIGSTOP one in async mode: alive but
-silent, it is caught by the heartbeat (search.heartbeat_timeout_s), killed and restarted the same way."""
+silent, it is caught by the heartbeat (supervision.heartbeat_timeout_s), killed and restarted the same way."""
 
 import json
 import os
@@ -84,7 +84,7 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
         if seen["stopped"] is not None and self.restarts == 0:
             time.sleep(0.25)  # a slow trainer step: the run outlasts the timeout however fast the machine is
         elif self.restarts and not seen["delivered_again"]:
-            groups = original(self, True)  # wait (search.collect_timeout_s) for the replacement's first batch
+            groups = original(self, True)  # wait (supervision.collect_timeout_s) for the replacement's first batch
             seen["delivered_again"] = bool(groups)
             return groups
         return original(self, block)
@@ -94,7 +94,7 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
     try:
         code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
                      f"runtime={runtime}", "mode=async", "trainer.steps=40", "eval.every_steps=40",
-                     "search.heartbeat_timeout_s=3", "search.max_restarts=3", "sft.enabled=false"])
+                     "supervision.heartbeat_timeout_s=3", "supervision.max_restarts=3", "sft.enabled=false"])
     finally:
         if seen["stopped"] and stat(seen["stopped"])[:1] == ["T"]:
             os.kill(seen["stopped"], signal.SIGKILL)  # still stopped: the runtime never noticed it
@@ -104,7 +104,7 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trainer_steps"] == 40
     assert summary["searcher_restarts"] >= 1, "the stopped searcher went unnoticed"
-    assert "sent no batch for" in err and "(search.heartbeat_timeout_s=3): hung or stopped" in err
+    assert "sent no batch for" in err and "(supervision.heartbeat_timeout_s=3): hung or stopped" in err
     assert "restarting it (1/3 restarts used)" in err or "Ray restarts it (1/3 restarts used)" in err
     assert seen["delivered_again"]  # the replacement generates
     assert not child_processes() and not ray_processes()

@@ -58,12 +58,12 @@ def test_runtime_publishes_versions_trains_on_stale_data_and_cleans_up(tmp_path,
 @pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=needs_ray)])
 def test_crashing_searcher_fails_the_run_fast_with_its_traceback(tmp_path, capsys, runtime):
     # a run too long to end before the fault does: however slow the searcher, the run must end by the fault
-    code, _ = run(tmp_path, f"runtime={runtime}", f"search.backend={FAULTY}", "search.max_restarts=0",
+    code, _ = run(tmp_path, f"runtime={runtime}", f"search.backend={FAULTY}", "supervision.max_restarts=0",
                   "trainer.steps=100000", "eval.every_steps=100000", "checkpoint.every_steps=null")
     assert code == 1
     err = capsys.readouterr().err
     assert "searcher" in err and "failed" in err and "injected searcher fault" in err and "Traceback" in err
-    assert "restart limit reached (search.max_restarts=0" in err
+    assert "restart limit reached (supervision.max_restarts=0" in err
     assert not multiprocessing.active_children() and not child_processes() and not ray_processes()
 
 
@@ -71,12 +71,12 @@ def test_crashing_searcher_fails_the_run_fast_with_its_traceback(tmp_path, capsy
 @pytest.mark.parametrize("runtime", ["local", pytest.param("ray", marks=needs_ray)])
 def test_searcher_that_keeps_failing_is_restarted_up_to_the_limit_then_stops_the_run(tmp_path, capsys, runtime):
     # the restarted searcher resumes at its last cursor and fails again 3 batches later: 1 restart, then stop
-    code, out = run(tmp_path, f"runtime={runtime}", f"search.backend={FAULTY}", "search.max_restarts=1",
+    code, out = run(tmp_path, f"runtime={runtime}", f"search.backend={FAULTY}", "supervision.max_restarts=1",
                     "trainer.steps=100000", "checkpoint.every_steps=null")
     captured = capsys.readouterr()
     assert code == 1
     assert "restarting it (1/1 restarts used)" in captured.err or "Ray restarts it (1/1" in captured.err
-    assert "restart limit reached (search.max_restarts=1" in captured.err
+    assert "restart limit reached (supervision.max_restarts=1" in captured.err
     assert (out / "checkpoints" / "latest").is_file()  # the exit checkpoint: the run can be resumed
     assert not multiprocessing.active_children() and not child_processes() and not ray_processes()
 

@@ -6,23 +6,23 @@ import pytest
 
 from tba.runtime.base import SearcherError
 from tba.runtime.supervision import Supervisor
-from tba.schema import SearchConfig
+from tba.schema import SupervisionConfig
 
 
 def test_the_budget_logs_each_restart_and_stops_the_run_with_the_cause():
     logs = []
-    sup = Supervisor(2, SearchConfig(max_restarts=1), logs.append)
+    sup = Supervisor(2, SupervisionConfig(max_restarts=1), logs.append)
     sup.charge(1, "failed:\nTraceback ...\nValueError: boom")
     assert logs == ["searcher 1 failed: — restarting it (1/1 restarts used)",
                     "failed:\nTraceback ...\nValueError: boom"]
-    with pytest.raises(SearcherError, match=r"(?s)searcher 0 died.*restart limit reached \(search.max_restarts=1, "
+    with pytest.raises(SearcherError, match=r"(?s)searcher 0 died.*restart limit reached \(supervision.max_restarts=1, "
                                             r"1 restarts so far\)"):
         sup.charge(0, "died (exit code -9)")
 
 
 def test_a_silent_searcher_is_caught_on_its_own_time_scale():
     """The hang the fixed 300 s heartbeat missed: batches every ≈ 0.1 s, then silence."""
-    sup = Supervisor(1, SearchConfig(heartbeat_timeout_s=300, heartbeat_floor_s=2), print)
+    sup = Supervisor(1, SupervisionConfig(heartbeat_timeout_s=300, heartbeat_floor_s=2), print)
     sup.ready(0, owes=True)
     for _ in range(3):
         time.sleep(0.05)
@@ -30,17 +30,17 @@ def test_a_silent_searcher_is_caught_on_its_own_time_scale():
     since = sup.clocks[0].since
     assert sup.silent(0, now=since + 1.5) is None
     why = sup.silent(0, now=since + 2.5)
-    assert why.startswith("sent no batch for 2s (limit 2.0s = max(search.heartbeat_floor_s=2, 20 × its slowest")
+    assert why.startswith("sent no batch for 2s (limit 2.0s = max(supervision.heartbeat_floor_s=2, 20 × its slowest")
 
 
 def test_a_restarted_searcher_has_the_ready_timeout_then_a_fresh_pace():
-    sup = Supervisor(1, SearchConfig(heartbeat_timeout_s=30, heartbeat_floor_s=2, ready_timeout_s=5), print)
+    sup = Supervisor(1, SupervisionConfig(heartbeat_timeout_s=30, heartbeat_floor_s=2, ready_timeout_s=5), print)
     sup.ready(0, owes=True)
     sup.delivered(0, owes_more=True)
     sup.restarted(0)
     start = sup.starting_since[0]
     sup.due(0)  # asked while starting: not timed by the heartbeat yet
     assert sup.silent(0, now=start + 4) is None
-    assert "did not report ready within search.ready_timeout_s=5s" in sup.silent(0, now=start + 6)
+    assert "did not report ready within supervision.ready_timeout_s=5s" in sup.silent(0, now=start + 6)
     sup.ready(0, owes=True)
     assert sup.clocks[0].limit_s() == 30  # its pace is unknown again: the cap applies

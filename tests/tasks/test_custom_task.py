@@ -7,15 +7,19 @@ import pytest
 
 from tba.cli import main
 from tba.config import ConfigError, load_config
-from tba.tasks.base import load_custom_task
+from tba.specs import TaskSpec
+from tba.tasks.prepare import build_task
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "reasoning_gym_task.py")
-OPTIONS = "task.options={dataset: chain_sum, train_size: 300, test_size: 8, min_terms: 2, max_terms: 2, " \
-          "min_digits: 1, max_digits: 1}"
+OPTIONS = "task.options={dataset: chain_sum, min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}"
+
+
+def load_custom_task(target: str, options: dict, train_size: int = 30, test_size: int = 4):
+    return build_task(TaskSpec(target, options, train_size, test_size))
 
 
 def test_a_task_file_loads_with_its_options_and_its_reward_verifies():
-    task = load_custom_task(f"{EXAMPLE}:make_task", {"train_size": 30, "test_size": 4, "max_digits": 1})
+    task = load_custom_task(f"{EXAMPLE}:make_task", {"max_digits": 1})
     assert task.name == "reasoning_gym/chain_sum" and len(task.test) == 4 and task.train
     p = task.train[0]
     assert task.reward(p, " " + p.answer) == 1.0 and task.reward(p, " nonsense") == 0.0
@@ -36,7 +40,8 @@ def test_bad_task_specs_name_the_key():
 def test_training_on_a_custom_task_end_to_end(tmp_path):
     out = tmp_path / "run"
     assert main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}", f"task.name={EXAMPLE}:make_task",
-                 OPTIONS, "sft.steps=40", "sft.log_every_steps=40", "trainer.steps=3", "buffer.prefill_samples=12",
+                 OPTIONS, "task.train_size=300", "task.test_size=8", "sft.steps=40", "sft.log_every_steps=40",
+                 "trainer.steps=3", "buffer.prefill_samples=12",
                  "search.prompts_per_batch=4", "search.samples_per_prompt=4", "trainer.prompts_per_step=2",
                  "trainer.samples_per_prompt=4", "search.max_new_tokens=8", "eval.max_new_tokens=8",
                  "runtime=local", "logging.progress=false", "logging.tensorboard=false"]) == 0

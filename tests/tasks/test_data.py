@@ -9,7 +9,7 @@ FIELDS = ("question", "answer")
 
 
 def load(source):
-    return load_split(str(source), "train", task="t", fields=FIELDS, local_hint="task.source=DIR")
+    return load_split(str(source), "train", task="t", fields=FIELDS, local_hint="task.options.source=DIR")
 
 
 def test_a_file_that_is_not_parquet_names_the_file(tmp_path):

@@ -170,6 +170,6 @@ def test_real_data_loads():
 
 def test_unreachable_hub_is_runtime_error(offline_hub):
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"unreachable.*task\.source=/path/to"):
+    with pytest.raises(RuntimeError, match=r"unreachable.*task\.options\.source=/path/to"):
         load_rows("nonexistent-org/nonexistent-ds", "test")
     assert time.monotonic() - start < 5

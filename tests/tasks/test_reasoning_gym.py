@@ -59,16 +59,19 @@ def test_bad_dataset_and_options_name_the_field():
 
 
 def test_registry_builds_it_from_task_options():
-    from tba.config import TaskConfig
-    from tba.tasks import make_task
+    from tba.build import build_task
+    from tba.config import load_config
 
-    task = make_task(TaskConfig(name="reasoning_gym", train_size=30, test_size=10,
-                                options={"dataset": "chain_sum", "options": {"max_digits": 1}}))
+    def make(*overrides):
+        return build_task(load_config(None, ["task.name=reasoning_gym", "model.policy=x/y", *overrides]))
+
+    task = make("task.train_size=30", "task.test_size=10",
+                "task.options={dataset: chain_sum, options: {max_digits: 1}}")
     assert task.name == "reasoning_gym/chain_sum" and len(task.test) == 10
-    with pytest.raises(ConfigError, match="task.options.dataset"):
-        make_task(TaskConfig(name="reasoning_gym"))
-    with pytest.raises(ConfigError, match="max_digits"):
-        make_task(TaskConfig(name="reasoning_gym", options={"dataset": "chain_sum", "max_digits": 1}))
+    with pytest.raises(ConfigError, match="task.options: ReasoningGymTask needs dataset"):
+        make()
+    with pytest.raises(ConfigError, match=r"does not take \['max_digits'\]"):
+        make("task.options={dataset: chain_sum, max_digits: 1}")
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -101,7 +101,7 @@ def test_missing_column_and_missing_split(tmp_path):
 
 def test_unreachable_hub_is_runtime_error(offline_hub):
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"unreachable.*task\.source=/path/to/dir"):
+    with pytest.raises(RuntimeError, match=r"unreachable.*task\.options\.source=/path/to/dir"):
         load_rows("nonexistent-org/nonexistent-tldr", "train")
     assert time.monotonic() - start < 5
 
@@ -144,8 +144,9 @@ def test_win_rate_is_strictly_better_than_reference_under_the_gold_rm(task):
 def test_built_from_config_through_the_tldr_factory(data_dir, rms):
     from tba.build import build_task
 
-    cfg = load_config(None, ["task.name=tldr", f"model.policy={rms[0]}", f"task.source={data_dir}", "task.train_size=3",
-                             "task.test_size=null", f"task.options={{reward_model: {rms[0]}, batch_size: 2}}"])
+    cfg = load_config(None, ["task.name=tldr", f"model.policy={rms[0]}", "task.train_size=3", "task.test_size=null",
+                             f"task.options={{reward_model: {rms[0]}, batch_size: 2}}",
+                             f"task.options.source={data_dir}"])
     task = build_task(cfg)
     assert isinstance(task, TLDRTask) and len(task.train) == 3 and len(task.test) == 5
     assert task.reward_model.batch_size == 2

@@ -1,108 +1,97 @@
-"""The runtime seam: what the training loop needs from whatever hosts the searchers.
-
-Three things move: completed groups (searcher → buffer), weights with a version (trainer → searchers), and
-control (start, stop, errors, metrics). A runtime implements `Runtime`; the loop in tba.loop is written
-against it only, so it reads the same on one process, several local processes, or a Ray cluster.
+"""What every runtime shares: what it is built from (`RuntimeParts`), how a worker builds its searcher from a
+`tba.specs.SearcherSpec`, and what a worker reports with each batch. The seam itself — the `Runtime` protocol
+the loop is written against, and the `RuntimeReport` it reads back — is tba.seam.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-from tba.types import Group
+from tba.checkpoint import rng_state, set_rng_state
+from tba.errors import UserError
+from tba.models import load_model, load_tokenizer, resolve_device
+from tba.plugins import load_object
+from tba.samplers.base import Sampler
+from tba.schema import RayConfig, SupervisionConfig
+from tba.seam import RuntimeReport
+from tba.searcher import Searcher
+from tba.seeding import seed_everything
+from tba.specs import SamplerSpec, SearcherSpec
+from tba.tasks.base import Task
+from tba.tasks.prepare import build_task, fit_prompts
 
 
-class SearcherError(RuntimeError):
+class SearcherError(UserError, RuntimeError):
     """A searcher failed; the message carries its traceback."""
 
 
 @dataclass
-class ModelSources:
-    """Where a searcher (in any process or node) loads its models from: hub names or local directories."""
+class InlineParts:
+    """runtime=inline: the trainer process's own objects, which its one searcher shares."""
 
-    policy: str
-    reference: str
-    tokenizer: str
+    task: Task
+    tokenizer: object
+    policy: torch.nn.Module
+    """The behaviour policy (the trainer's, or the run's start when searchers are never synced)."""
+    reference: torch.nn.Module
 
 
 @dataclass
-class RuntimeReport:
-    """What the loop reads back from a runtime, besides groups: for metrics, checkpoints and the summary."""
+class RuntimeParts:
+    """What a runtime factory (tba.runtime.RUNTIMES) is built from — tba.build makes it; each runtime reads what
+    it uses: the searchers' specs, the weights they start from, and the settings of how they are supervised."""
 
-    stats: dict[str, float]
-    """Searcher-side metrics: samples, tokens, busy fraction, versions, weight loads, restarts, drops."""
-    states: list[dict | None]
-    """Each searcher's state as of the last batch received (prompt cursor, counters, RNG): for checkpoints."""
-    placement: list[dict]
-    """Where each searcher runs (rank, pid or Ray node id, host), for the run summary."""
-    reward_error: str | None
-    """The newest reward failure a searcher reported (the sample was dropped), for the log."""
-
-
-class Runtime(Protocol):
-    """Transport and lifecycle: start, move groups and weights, stop; and one `report` of everything else."""
-
-    searchers: int
-    """How many searchers produce samples (0: none, the loop trains on what the buffer was restored with)."""
-
-    def launch(self) -> None:
-        """Begin starting the searchers and return at once (processes spawn, import, load their models); they
-        wait, ready, for `start`. The loop launches before its first evaluation so that the two overlap: a
-        searcher process's imports and model load are seconds the trainer would otherwise wait for."""
-
-    def start(self) -> None:
-        """Start the searchers (launching them first if `launch` was not called); returns once every searcher
-        is ready (or raises)."""
-
-    def collect(self, block: bool) -> list[Group]:
-        """Groups produced since the last call. block=True waits (with a timeout) for fresh ones: at least
-        one per searcher in sync mode, at least one in all. block=False never waits."""
-
-    def publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """Make `weights` (the trainer's state after `version` updates) available; never waits for searchers."""
-
-    def report(self) -> RuntimeReport:
-        """Searcher metrics, states, placement and the newest reward error, as of the last batch received."""
-
-    def stop(self) -> None:
-        """Stop every searcher and release every process or daemon this runtime started."""
+    searchers: list[SearcherSpec]
+    weights: dict[str, torch.Tensor]
+    """The behaviour policy's tensors now (tba.models.synced_tensors, not copied): published before any searcher
+    starts, so every searcher begins from them whatever its model sources hold."""
+    version: int
+    """Policy version of `weights` (the trainer's, on a resume)."""
+    states: list[dict | None] | None
+    """On resume: each searcher's checkpointed state (prompt cursor, counters, RNG)."""
+    sync: bool
+    """mode=sync: searchers generate one batch each when the loop asks, and the loop waits."""
+    transport: str
+    """search.weight_transport: auto | shared | broadcast | object_store."""
+    supervision: SupervisionConfig
+    ray: RayConfig
+    inline: InlineParts | None = None
+    log: Callable[[str], None] = print
 
 
-def build_searcher(rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None = None):
-    """Construct searcher `rank` inside a worker (process or actor) from plain, picklable inputs.
+def build_searcher(spec: SearcherSpec, state: dict | None = None) -> Searcher:
+    """Construct the searcher `spec` describes inside a worker (process or actor).
 
     `state` (a searcher's `state_dict`, plus `rng`: its process's RNG states) resumes a searcher where the
-    trainer last heard from it. The searcher holds `sources.policy`, the run's start: version 0, whatever the
-    trainer's version; the weight transport brings it the trainer's (on a resume too).
+    trainer last heard from it. The searcher holds `spec.sources.policy`, the run's start: version 0, whatever
+    the trainer's version; the weight transport brings it the trainer's (on a resume too).
     """
-    torch.set_num_threads(threads)
-    from tba.config import from_dict
-    from tba.models import load_model, load_tokenizer, resolve_device
-    from tba.samplers import build_sampler
-    from tba.searcher import Searcher
-    from tba.seeding import searcher_seed, seed_everything
-    from tba.tasks.prepare import build_task, fit_prompts, prompt_limit
-
-    cfg = from_dict(cfg_dict)
-    devices = (cfg.search.device or cfg.model.device).split(",")
-    device = resolve_device(devices[rank % len(devices)].strip())
+    torch.set_num_threads(spec.threads)
+    device = resolve_device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # so that `cuda` in task options (reward models) means this GPU too
-    reference = load_model(sources.reference, cfg.model.dtype).to(device)
-    tokenizer = load_tokenizer(sources.tokenizer)
-    task = build_task(cfg, tokenizer)
-    fit_prompts(task, tokenizer, prompt_limit(cfg, reference), cfg.task.long_prompts)
-    seed = searcher_seed(cfg.seed, rank)
-    seed_everything(seed)  # the HF sampler draws from this process's torch generator
-    sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=device, seed=seed)
-    searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed, shard=rank,
-                        num_shards=cfg.search.num_searchers)
+    reference = load_model(spec.sources.reference, spec.dtype).to(device)
+    tokenizer = load_tokenizer(spec.sources.tokenizer)
+    task = build_task(spec.task, tokenizer)
+    fit_prompts(task, tokenizer, spec.prompt_limit, spec.long_prompts)
+    seed_everything(spec.seed)  # the HF sampler draws from this process's torch generator
+    sampler = build_sampler(spec.sampler, source=spec.sources.policy, tokenizer=tokenizer, device=device,
+                            seed=spec.seed)
+    searcher = Searcher(sampler, reference, tokenizer, task, spec.search, seed=spec.seed, shard=spec.shard,
+                        num_shards=spec.num_shards, source=spec.source, scoring_temperature=spec.scoring_temperature)
     restore_searcher(searcher, state)
     return searcher
+
+
+def build_sampler(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, policy=None) -> Sampler:
+    """The sampler `spec` names (tba.samplers). `policy`: the hf backend samples with this model (the inline
+    runtime passes a copy of the trainer's) instead of loading `source`."""
+    return load_object(spec.target, "search.backend")(spec, source=source, tokenizer=tokenizer, device=device,
+                                                      seed=seed, policy=policy)
 
 
 def restore_searcher(searcher, state: dict | None) -> None:
@@ -112,15 +101,11 @@ def restore_searcher(searcher, state: dict | None) -> None:
         return
     searcher.load_state_dict(state)
     if "rng" in state:
-        from tba.checkpoint import set_rng_state
-
         set_rng_state(state["rng"])
 
 
 def worker_state(searcher) -> dict:
     """What a worker reports with each batch so the trainer can checkpoint or restart it."""
-    from tba.checkpoint import rng_state
-
     return {**searcher.state_dict(), "rng": rng_state()}
 
 
@@ -140,15 +125,21 @@ class WorkerStats:
     generate_s: float
     """Seconds inside the sampler: tokens / generate_s is its tokens/s."""
     loads: int
+    quantize_s: float
+    """Seconds spent quantizing loaded policies (search.quantize), included in `sync_s`'s loads."""
     state: dict
     """`worker_state`: prompt cursor, counters, RNG — what a restart resumes from."""
     reward_error: str | None
+    reward_metrics: dict[str, float]
+    """The task's own metrics of its last batch (each reward function's mean: `reward/<name>`)."""
 
     @classmethod
     def of(cls, searcher, rank: int, t_start: float, busy_s: float, sync_s: float) -> WorkerStats:
         return cls(rank=rank, version=searcher.version, samples=searcher.samples_generated, busy_s=busy_s,
                    alive_s=time.perf_counter() - t_start, sync_s=sync_s, generate_s=searcher.generate_s,
-                   loads=searcher.loads, state=worker_state(searcher), reward_error=searcher.last_reward_error)
+                   loads=searcher.loads, quantize_s=getattr(searcher.sampler, "quantize_s", 0.0),
+                   state=worker_state(searcher), reward_error=searcher.last_reward_error,
+                   reward_metrics=searcher.reward_metrics)
 
 
 def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None], placement: list[dict],
@@ -165,15 +156,19 @@ def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None
             "searcher/generate_s": sum(x.generate_s for x in s),
             "sync/searcher_load_s": sum(x.sync_s for x in s),
             "sync/searcher_loads": sum(x.loads for x in s),
+            "searcher/quantize_s": sum(x.quantize_s for x in s),
             "searcher/rewards_dropped": sum(x.state["rewards_dropped"] for x in s),
         })
+    stats.update(mean_reward_metrics([x.reward_metrics for x in s]))
     reward_error = next((x.reward_error for x in s if x.reward_error), None)  # lowest rank first
     return RuntimeReport(stats, list(states), placement, reward_error)
 
 
-def initial_weights(policy) -> dict[str, torch.Tensor]:
-    """The trainer's current synced tensors (no copy): what a worker runtime publishes before any searcher
-    starts, so that every searcher begins from the trainer's policy whatever its model sources hold."""
-    from tba.models import synced_tensors
-
-    return {k: v.detach() for k, v in synced_tensors(policy).items()}
+def mean_reward_metrics(per_searcher: list[dict[str, float]]) -> dict[str, float]:
+    """Each task metric's mean over the searchers that reported it (NaN where none did)."""
+    keys = sorted({k for m in per_searcher for k in m})
+    out = {}
+    for k in keys:
+        values = [m[k] for m in per_searcher if k in m and m[k] == m[k]]
+        out[k] = sum(values) / len(values) if values else float("nan")
+    return out

@@ -7,48 +7,67 @@ does generate with a stale policy, exactly as a remote searcher would.
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import time
 
-from tba.runtime.base import RuntimeReport
+from tba.runtime.base import RuntimeParts, build_sampler, mean_reward_metrics, restore_searcher
+from tba.seam import RuntimeReport
 from tba.searcher import Searcher
 from tba.types import Group
 
 
 class InlineRuntime:
-    searchers = 1
-
-    def __init__(self, searcher: Searcher):
-        self.searcher = searcher
+    def __init__(self, searchers: list[Searcher], synced: list[bool]):
+        """`searchers`, one per searcher spec of the run (usually one); `synced[i]`: searcher i loads the
+        trainer's published weights (False: a fixed behaviour policy)."""
+        self.all, self.synced = searchers, synced
         self.t_start = time.perf_counter()
 
+    @property
+    def searchers(self) -> int:
+        return len(self.all)
+
+    @property
+    def searcher(self) -> Searcher:
+        return self.all[0]
+
     def launch(self) -> None:
-        pass  # the searcher lives in this process: nothing to start ahead
+        pass  # the searchers live in this process: nothing to start ahead
 
     def start(self) -> None:
         self.t_start = time.perf_counter()
 
     def collect(self, block: bool = True) -> list[Group]:
-        """Inline, search happens only when asked: one fresh search iteration (the runtime is always sync)."""
-        return self.searcher.step()
+        """Inline, search happens only when asked: one fresh search iteration of every searcher, in rank order
+        (the runtime is always sync)."""
+        return [g for s in self.all for g in s.step()]
 
     def publish(self, weights, version: int) -> None:
-        self.searcher.load_weights(weights, version)
+        for searcher, synced in zip(self.all, self.synced, strict=True):
+            if synced:
+                searcher.load_weights(weights, version)
 
     def report(self) -> RuntimeReport:
-        """States carry no RNG: the searcher shares the trainer process's RNG, which the checkpoint saves."""
-        s = self.searcher
-        stats = {"searcher/samples": s.samples_generated, "searcher/tokens": s.tokens_generated,
-                 "searcher/busy_fraction": s.busy_s / max(time.perf_counter() - self.t_start, 1e-9),
-                 "searcher/generate_s": s.generate_s, "sync/searcher_loads": s.loads,
-                 "searcher/version_min": s.version, "searcher/rewards_dropped": s.rewards_dropped,
-                 "searcher/restarts": 0}
-        return RuntimeReport(stats, [s.state_dict()], [{"rank": 0, "pid": os.getpid(), "host": socket.gethostname()}],
-                             s.last_reward_error)
+        """States carry no RNG: the searchers share the trainer process's RNG, which the checkpoint saves."""
+        alive = max(time.perf_counter() - self.t_start, 1e-9) * len(self.all)
+        stats = {"searcher/samples": sum(s.samples_generated for s in self.all),
+                 "searcher/tokens": sum(s.tokens_generated for s in self.all),
+                 "searcher/busy_fraction": sum(s.busy_s for s in self.all) / alive,
+                 "searcher/generate_s": sum(s.generate_s for s in self.all),
+                 "sync/searcher_loads": sum(s.loads for s in self.all),
+                 "searcher/version_min": min(s.version for s in self.all),
+                 "searcher/rewards_dropped": sum(s.rewards_dropped for s in self.all), "searcher/restarts": 0,
+                 "searcher/quantize_s": sum(getattr(s.sampler, "quantize_s", 0.0) for s in self.all),
+                 **mean_reward_metrics([s.reward_metrics for s in self.all])}
+        placement = [{"rank": i, "pid": os.getpid(), "host": socket.gethostname()} for i in range(len(self.all))]
+        error = next((s.last_reward_error for s in self.all if s.last_reward_error), None)
+        return RuntimeReport(stats, [s.state_dict() for s in self.all], placement, error)
 
     def stop(self) -> None:
-        self.searcher.sampler.close()
+        for s in self.all:
+            s.sampler.close()
 
 
 class OfflineRuntime:
@@ -75,24 +94,25 @@ class OfflineRuntime:
         pass
 
 
-def build_inline(cfg, *, task, tokenizer, policy, reference, sources, version, states, **_) -> InlineRuntime:
-    """`runtime=inline` (tba.runtime.RUNTIMES): one searcher in the trainer's process, sampling with a copy of
-    the trainer's policy (hf) and walking the prompts in the order a process searcher of rank 0 would."""
-    import copy
+def build_inline(parts: RuntimeParts) -> InlineRuntime:
+    """`runtime=inline` (tba.runtime.RUNTIMES): the searchers in the trainer's process. A searcher of the trained
+    policy samples with a copy of the behaviour policy (hf), one of another model with that model; each walks
+    the prompts in the order a process searcher of its rank would."""
+    own, searchers = parts.inline, []
+    for spec in parts.searchers:
+        shares = spec.search.backend == "hf" and spec.synced and spec.trained_policy  # else: load its own model
+        policy = copy.deepcopy(own.policy) if shares else None
+        sampler = build_sampler(spec.sampler, source=spec.sources.policy, tokenizer=own.tokenizer,
+                                device=own.reference.device, seed=spec.seed, policy=policy)
+        searcher = Searcher(sampler, own.reference, own.tokenizer, own.task, spec.search, seed=spec.seed,
+                            shard=spec.shard, num_shards=spec.num_shards, source=spec.source,
+                            scoring_temperature=spec.scoring_temperature)
+        searcher.version = parts.version if spec.synced else 0
+        restore_searcher(searcher, parts.states[spec.rank] if parts.states else None)
+        searchers.append(searcher)
+    return InlineRuntime(searchers, [spec.synced for spec in parts.searchers])
 
-    from tba.runtime.base import restore_searcher
-    from tba.samplers import build_sampler
-    from tba.seeding import searcher_seed
 
-    seed = searcher_seed(cfg.seed, 0)
-    sampler = build_sampler(cfg, source=sources.policy, tokenizer=tokenizer, device=reference.device, seed=seed,
-                            policy=copy.deepcopy(policy) if cfg.search.backend == "hf" else None)
-    searcher = Searcher(sampler, reference, tokenizer, task, cfg.search, seed=seed)
-    searcher.version = version
-    restore_searcher(searcher, states[0] if states else None)
-    return InlineRuntime(searcher)
-
-
-def build_offline(cfg, **_) -> OfflineRuntime:
+def build_offline(parts: RuntimeParts) -> OfflineRuntime:
     """`runtime=offline` (tba.runtime.RUNTIMES): no searchers; the loop trains on the restored buffer."""
     return OfflineRuntime()

@@ -1,6 +1,6 @@
 """Local runtime: searchers in torch.multiprocessing (spawn) processes; weights through a transport.
 
-Topology (built in `start`):
+Topology (built in `launch`):
 
     trainer process ──publish──▶ weight transport (tba.runtime.transport, search.weight_transport)
           ▲                                  │  each searcher checks for a newer version between batches
@@ -12,20 +12,20 @@ anywhere: `publish` copies the weights out of the trainer and returns; a searche
 (`Searcher.load_weights`) when it finishes its current batch. In sync mode the searchers generate only when
 the loop asks (one batch each per request), which turns the same components into the alternating baseline.
 
-Lifecycle: `launch` spawns (the loop calls it before the trainer's first evaluation) → each child imports, loads
-its models and reports "ready", then waits for `go` → `start` waits for every "ready" (deadline
-`search.ready_timeout_s` from `start`, liveness polled) and sets `go`: a child's seconds of start-up overlap the
-evaluation, and no sample is generated before it ends. A child that raises (its traceback is sent) or dies
-(kill -9, OOM: seen by the liveness check) is restarted from its last reported prompt cursor and the newest weights
-while training goes on, up to `search.max_restarts` per run; one more failure raises SearcherError with the
+Lifecycle: `launch` spawns (the loop calls it before the trainer's first evaluation) → each child imports, loads its
+models and reports "ready", then waits for `go` → `start` waits for every "ready" (deadline
+`supervision.ready_timeout_s` from `start`, liveness polled) and sets `go`: a child's seconds of start-up overlap
+the evaluation, and no sample is generated before it ends. A child that raises (its traceback is sent) or dies (kill
+-9, OOM: seen by the liveness check) is restarted from its last reported prompt cursor and the newest weights while
+training goes on, up to `supervision.max_restarts` per run; one more failure raises SearcherError with the
 traceback. So is a searcher that is alive but silent (hung, deadlocked, SIGSTOPped): one that owes a batch — async:
 always, sync: once asked — and stays silent past its heartbeat (learnt from its own batch times, capped by
-`search.heartbeat_timeout_s`; tba.runtime.supervision) is killed and restarted the same way; a restarted one has
-`search.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry (rank, incarnation) so a
-dead child's late error is not counted twice; its groups are still kept. With `broadcast`, the replacement joins a
-new group that the trainer forms with every searcher (see broadcast.py). Stop → event, join, terminate, kill, each
-with a timeout. Children ignore Ctrl-C (the parent owns shutdown) and exit on their own if the parent disappears,
-so no process outlives the run.
+`supervision.heartbeat_timeout_s`; tba.runtime.supervision) is killed and restarted the same way; a restarted one
+has `supervision.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry (rank,
+incarnation) so a dead child's late error is not counted twice; its groups are still kept. With `broadcast`, the
+replacement joins a new group that the trainer forms with every searcher (see broadcast.py). Stop → event, join,
+terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns shutdown) and exit on their own if the
+parent disappears, so no process outlives the run.
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 
-from tba.config import RunConfig, to_dict
-from tba.runtime.base import ModelSources, SearcherError, WorkerStats, build_searcher, initial_weights
+from tba.models import resolve_device
+from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, build_searcher
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
+from tba.samplers.vllm import fast_cpu_env
+from tba.specs import SearcherSpec
 from tba.types import Group
 
 
@@ -52,12 +54,9 @@ from tba.types import Group
 class WorkerArgs:
     """What a searcher process is started with (pickled by spawn: plain data, transport spec, mp primitives)."""
 
-    rank: int
+    spec: SearcherSpec
     incarnation: int
     """Bumped at each restart of this rank: messages of a dead incarnation are told apart."""
-    cfg_dict: dict
-    sources: ModelSources
-    threads: int
     state: dict | None
     """The searcher's state as of its last batch received (None: a fresh start)."""
     weights: object
@@ -73,13 +72,14 @@ class WorkerArgs:
 
 def _searcher_main(a: WorkerArgs):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rank, out_q, stop, request, parent_pid = a.rank, a.out_q, a.stop, a.request, a.parent_pid
+    rank, out_q, stop, request, parent_pid = a.spec.rank, a.out_q, a.stop, a.request, a.parent_pid
     tag = (rank, a.incarnation)
     receiver = None
     try:
-        searcher = build_searcher(rank, a.cfg_dict, a.sources, a.threads, a.state)
+        searcher = build_searcher(a.spec, a.state)
         receiver = a.weights.open(rank, searcher.reference.device, "127.0.0.1")
-        receiver.load_initial(searcher)  # the newest published weights, whatever `sources` holds
+        if a.spec.synced:  # the newest published weights, whatever `sources` holds (a fixed group keeps its own)
+            receiver.load_initial(searcher)
         out_q.put(("ready", tag, None))
         while not a.go.wait(0.2):  # launched before the trainer's first evaluation: generate from `start` on
             if stop.is_set() or os.getppid() != parent_pid:
@@ -94,7 +94,7 @@ def _searcher_main(a: WorkerArgs):
                 return
             if request is not None and not request.acquire(timeout=0.2):
                 continue  # sync mode: wait to be asked
-            sync_s += receiver.poll(searcher)
+            sync_s += receiver.poll(searcher) if a.spec.synced else 0.0
             groups = searcher.step()
             busy += searcher.last_step_s
             stats = WorkerStats.of(searcher, rank, t_start, busy, sync_s)
@@ -112,17 +112,15 @@ def _searcher_main(a: WorkerArgs):
 
 
 class LocalRuntime(WorkerRuntime):
-    def __init__(self, cfg: RunConfig, sources: ModelSources, initial_weights: dict[str, torch.Tensor],
-                 threads_per_searcher: int, *, version: int = 0, states: list[dict] | None = None, log=print):
-        super().__init__(cfg, states, log)
-        self.sources, self.threads = sources, threads_per_searcher
-        self.n = cfg.search.num_searchers
-        self.sync = cfg.mode == "sync"
-        self._initial, self._initial_version = initial_weights, version
-        device = next(iter(initial_weights.values())).device
-        self.transport_kind = choose_transport(cfg.search.weight_transport, "local", device)
+    def __init__(self, parts: RuntimeParts):
+        super().__init__(parts)
+        self.n = len(self.specs)
+        self.sync = parts.sync
+        self._initial, self._initial_version = parts.weights, parts.version
+        device = next(iter(parts.weights.values())).device
+        self.transport_kind = choose_transport(parts.transport, "local", device)
         if self.transport_kind == "broadcast" and device.type == "cuda":
-            _check_distinct_gpus(cfg, device)
+            _check_distinct_gpus(self.specs, device)
         self.transport = None
         self._procs: list = []
         self._incarnation = [0] * self.n
@@ -135,7 +133,7 @@ class LocalRuntime(WorkerRuntime):
             return
         ctx = self._ctx = mp.get_context("spawn")
         self.transport = make_sender(self.transport_kind, self._initial, num_searchers=self.n, ctx=ctx,
-                                     timeout_s=self.cfg.search.ready_timeout_s)
+                                     timeout_s=self.supervision.ready_timeout_s)
         self.transport.publish(self._initial, self._initial_version)
         self._initial = None  # the trainer's live tensors: copied now, not held
         self.queue = ctx.Queue(maxsize=16 * self.n)
@@ -147,28 +145,24 @@ class LocalRuntime(WorkerRuntime):
 
     def start(self) -> None:
         self.launch()
-        ready, deadline = set(), time.monotonic() + self.cfg.search.ready_timeout_s
+        ready, deadline = set(), time.monotonic() + self.supervision.ready_timeout_s
         while len(ready) < self.n:
             kind, rank, _ = self._get(deadline, "to start")
             if kind == "ready":
                 ready.add(rank)
         self.go.set()
 
-    def _child_env(self) -> dict[str, str]:
+    def _child_env(self, spec: SearcherSpec) -> dict[str, str]:
         """Variables a searcher process needs from its first instruction: vLLM on CPU runs several times
         faster with tcmalloc and Intel OpenMP preloaded (search.vllm.fast_cpu_env), and LD_PRELOAD is read
         by the dynamic loader only when a process starts."""
-        s = self.cfg.search
-        on_cpu = all(d.strip() == "cpu" or (d.strip() == "auto" and not torch.cuda.is_available())
-                     for d in (s.device or self.cfg.model.device).split(","))
-        if s.backend == "vllm" and s.vllm.fast_cpu_env and on_cpu:
-            from tba.samplers.vllm import fast_cpu_env
-
+        on_cpu = spec.device == "cpu" or (spec.device == "auto" and not torch.cuda.is_available())
+        if spec.search.backend == "vllm" and spec.sampler.vllm.fast_cpu_env and on_cpu:
             return fast_cpu_env()
         return {}
 
     def _spawn(self, rank: int):
-        env = self._child_env()
+        env = self._child_env(self.specs[rank])
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # spawn copies this process's environment into the child
         try:
@@ -181,9 +175,8 @@ class LocalRuntime(WorkerRuntime):
                     os.environ[k] = v
 
     def _start_process(self, rank: int):
-        args = WorkerArgs(rank, self._incarnation[rank], to_dict(self.cfg), self.sources, self.threads,
-                          self._states[rank], self.transport.spec(), self.queue, self.stop_event, self.requests[rank],
-                          self.go, os.getpid())
+        args = WorkerArgs(self.specs[rank], self._incarnation[rank], self._states[rank], self.transport.spec(),
+                          self.queue, self.stop_event, self.requests[rank], self.go, os.getpid())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
         p.start()
         return p
@@ -259,7 +252,7 @@ class LocalRuntime(WorkerRuntime):
                     self._owed[rank] += 1
                     self.supervisor.due(rank)
             need = self.n if self.sync else 1
-            deadline = time.monotonic() + self.cfg.search.collect_timeout_s
+            deadline = time.monotonic() + self.supervision.collect_timeout_s
             got = 0
             while got < need:
                 kind, _, payload = self._get(deadline, "to deliver samples")
@@ -307,20 +300,19 @@ class LocalRuntime(WorkerRuntime):
         self.queue.cancel_join_thread()
 
 
-def _check_distinct_gpus(cfg: RunConfig, trainer: torch.device) -> None:
+def _check_distinct_gpus(specs: list[SearcherSpec], trainer: torch.device) -> None:
     """NCCL cannot put two ranks on one GPU: a broadcast needs every searcher on a GPU of its own."""
-    from tba.models import resolve_device
 
     def index(d: torch.device) -> int | None:
         return (d.index if d.index is not None else torch.cuda.current_device()) if d.type == "cuda" else None
 
-    devices = [resolve_device(d.strip()) for d in (cfg.search.device or cfg.model.device).split(",")]
-    if any(index(d) == index(trainer) for d in devices):
+    shared = [s.rank for s in specs if index(resolve_device(s.device)) == index(trainer)]
+    if shared:
         raise SearcherError(f"search.weight_transport=broadcast on GPUs (NCCL) needs every searcher on a GPU other "
-                            f"than the trainer's ({trainer}); search.device={cfg.search.device!r} shares it. Use "
+                            f"than the trainer's ({trainer}); searcher(s) {shared} share it (search.device). Use "
                             "weight_transport=shared (CUDA IPC), or give searchers their own GPUs")
 
 
-def build(cfg: RunConfig, *, policy, sources, version, states, log, threads, **_) -> LocalRuntime:
+def build(parts: RuntimeParts) -> LocalRuntime:
     """`runtime=local` (tba.runtime.RUNTIMES)."""
-    return LocalRuntime(cfg, sources, initial_weights(policy), threads, version=version, states=states, log=log)
+    return LocalRuntime(parts)

@@ -1,6 +1,6 @@
 """Ray runtime: searchers as Ray actors, for users who outgrow one machine.
 
-Topology (built in `start`):
+Topology (built in `launch`):
 
     driver (trainer) ──ray.put once per version──▶ object store ──▶ SearcherActor 0..N-1 (any node)
           ▲                                                             │
@@ -16,9 +16,9 @@ CPU) whose store listens on the driver's node IP; each actor runs a receiver thr
 weights at the start of a step() (tba.runtime.broadcast). Control stays Ray calls either way; after Ray
 restarts an actor, `restore` hands it the new group to join.
 
-Faults: an actor that raises or dies is restarted by Ray (max_restarts = search.max_restarts) and restored by
-the driver. An actor that is alive but silent (hung, SIGSTOPped) — calls in flight and no result within its
-heartbeat (learnt from its own batch times, capped by `search.heartbeat_timeout_s`; tba.runtime.supervision)
+Faults: an actor that raises or dies is restarted by Ray (max_restarts = supervision.max_restarts) and restored
+by the driver. An actor that is alive but silent (hung, SIGSTOPped) — calls in flight and no result within its
+heartbeat (learnt from its own batch times, capped by `supervision.heartbeat_timeout_s`; tba.runtime.supervision)
 — is treated the same way: `ray.kill(actor, no_restart=False)`, then restore.
 
 `ray.address` joins an existing cluster (`ray start --head` …); otherwise a private Ray starts on
@@ -29,14 +29,15 @@ no authentication: keep them on a private network.
 
 from __future__ import annotations
 
+import socket
 import time
 
 import torch
 
-from tba.config import RunConfig, to_dict
-from tba.runtime.base import ModelSources, SearcherError, WorkerStats, build_searcher, initial_weights, restore_searcher
+from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, build_searcher, restore_searcher
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
+from tba.specs import SearcherSpec
 from tba.types import Group
 
 try:
@@ -46,17 +47,18 @@ except ImportError:  # the optional extra is missing
 
 
 class _SearcherActor:
-    def __init__(self, rank: int, cfg_dict: dict, sources: ModelSources, threads: int, state: dict | None,
-                 weights_spec):
-        self.searcher = build_searcher(rank, cfg_dict, sources, threads, state)
-        self.rank, self.t_start, self.busy, self.sync_s = rank, time.perf_counter(), 0.0, 0.0
+    def __init__(self, spec: SearcherSpec, state: dict | None, weights_spec):
+        self.searcher = build_searcher(spec, state)
+        self.rank, self.t_start, self.busy, self.sync_s = spec.rank, time.perf_counter(), 0.0, 0.0
+        self.synced = spec.synced  # False: a fixed behaviour policy, which never loads the trainer's weights
         self.receiver, self._weights_spec = None, weights_spec
 
     def _open(self, spec) -> None:
         if self.receiver is not None:
             self.receiver.close()
         self.receiver = spec.open(self.rank, self.searcher.reference.device, ray.util.get_node_ip_address())
-        self.receiver.load_initial(self.searcher)
+        if self.synced:
+            self.receiver.load_initial(self.searcher)
 
     def restore(self, state: dict | None, weights_spec) -> None:
         """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`, and
@@ -66,8 +68,6 @@ class _SearcherActor:
 
     def ready(self) -> dict:
         """First start only (restarts get `restore`): join the weight group, load the trainer's weights."""
-        import socket
-
         self._open(self._weights_spec)
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
 
@@ -75,7 +75,8 @@ class _SearcherActor:
         """One batch; `carried` = (version, weights) when the transport sends weights with calls (object_store)."""
         if carried:
             self.receiver.offer(*carried)
-        self.sync_s += self.receiver.poll(self.searcher)
+        if self.synced:
+            self.sync_s += self.receiver.poll(self.searcher)
         groups = self.searcher.step()
         self.busy += self.searcher.last_step_s
         return groups, WorkerStats.of(self.searcher, self.rank, self.t_start, self.busy, self.sync_s)
@@ -84,18 +85,17 @@ class _SearcherActor:
 class RayRuntime(WorkerRuntime):
     pipeline_depth = 2
 
-    def __init__(self, cfg: RunConfig, sources: ModelSources, initial_weights: dict[str, torch.Tensor],
-                 threads_per_searcher: int, *, version: int = 0, states: list[dict] | None = None, log=print):
+    def __init__(self, parts: RuntimeParts):
         if ray is None:
             raise RuntimeError("runtime=ray needs Ray: pip install 'tba[ray]' (or pip install 'ray[default]')")
-        super().__init__(cfg, states, log)
-        self.sources, self.threads = sources, threads_per_searcher
-        self._version, self._initial = version, initial_weights
-        device = next(iter(initial_weights.values())).device
-        self.transport_kind = choose_transport(cfg.search.weight_transport, "ray", device)
+        super().__init__(parts)
+        self.ray_cfg = parts.ray
+        self._version, self._initial = parts.version, parts.weights
+        device = next(iter(parts.weights.values())).device
+        self.transport_kind = choose_transport(parts.transport, "ray", device)
         self.transport = None  # the trainer's end of the weight transport (tba.runtime.transport.make_sender)
         self._recovering: dict[int, tuple] = {}  # actor index → (restore ObjectRef, deadline)
-        self.sync = cfg.mode == "sync"
+        self.sync = parts.sync
         self.actors: list = []
         self._in_flight: dict = {}  # ObjectRef → actor index
         self._started_ray = False
@@ -106,33 +106,31 @@ class RayRuntime(WorkerRuntime):
         if self.actors:
             return
         if not ray.is_initialized():
-            if self.cfg.ray.address:
-                ray.init(address=self.cfg.ray.address, log_to_driver=True)
+            if self.ray_cfg.address:
+                ray.init(address=self.ray_cfg.address, log_to_driver=True)
             else:
-                ray.init(num_cpus=self.cfg.ray.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                ray.init(num_cpus=self.ray_cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                          log_to_driver=True)
                 self._started_ray = True
-        s = self.cfg.search
+        r, s = self.ray_cfg, self.supervision
         # Ray restarts a dead actor itself (re-running __init__); tasks in flight at the death fail and are
         # not retried: the driver counts the restart, re-sends the searcher's last state and the newest weights
         actor_cls = ray.remote(_SearcherActor).options(
-            num_cpus=s.num_cpus, num_gpus=s.num_gpus, resources=s.resources or {}, max_restarts=s.max_restarts,
-            max_task_retries=0)
-        cfg_dict = to_dict(self.cfg)
+            num_cpus=r.searcher_cpus, num_gpus=r.searcher_gpus, resources=r.searcher_resources or {},
+            max_restarts=s.max_restarts, max_task_retries=0)
         # broadcast: the store listens on this (the driver's) node's IP, every actor loads the weights before it
         # is ready; object_store: they ride with each actor's first call (nothing to send unless resumed)
-        self.transport = make_sender(self.transport_kind, self._initial, num_searchers=s.num_searchers,
+        self.transport = make_sender(self.transport_kind, self._initial, num_searchers=len(self.specs),
                                      timeout_s=s.ready_timeout_s, host=ray.util.get_node_ip_address())
         self.transport.publish(self._initial, self._version)
         self._initial = None
-        spec = self.transport.spec()
-        self.actors = [actor_cls.remote(rank, cfg_dict, self.sources, self.threads, self._states[rank], spec)
-                       for rank in range(s.num_searchers)]
+        weights = self.transport.spec()
+        self.actors = [actor_cls.remote(spec, self._states[spec.rank], weights) for spec in self.specs]
 
     def start(self) -> None:
         self.launch()
-        s = self.cfg.search
-        self._placement = self._get([a.ready.remote() for a in self.actors], s.ready_timeout_s, "to start")
+        timeout = self.supervision.ready_timeout_s
+        self._placement = self._get([a.ready.remote() for a in self.actors], timeout, "to start")
         if not self.sync:
             for i in range(len(self.actors)):
                 for _ in range(self.pipeline_depth):
@@ -153,15 +151,15 @@ class RayRuntime(WorkerRuntime):
 
     def _receive(self, ref) -> list[Group]:
         i = self._in_flight.pop(ref)
-        timeout = self.cfg.search.collect_timeout_s
+        timeout = self.supervision.collect_timeout_s
         try:
             groups, stats = ray.get(ref, timeout=timeout)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
             self._recover(i, e)
             return []
         except ray.exceptions.GetTimeoutError:
-            raise SearcherError(f"timed out after {timeout:g}s (search.collect_timeout_s) waiting for searcher {i} "
-                                "to return a finished batch") from None
+            raise SearcherError(f"timed out after {timeout:g}s (supervision.collect_timeout_s) waiting for searcher "
+                                f"{i} to return a finished batch") from None
         self.record(stats)
         self.supervisor.delivered(i, owes_more=i in self._in_flight.values())  # its next call is due in turn
         return groups
@@ -171,7 +169,7 @@ class RayRuntime(WorkerRuntime):
         last state.
 
         While Ray restarts an actor, calls to it fail with ActorUnavailableError; those are the same incident,
-        not new failures. The restore call is re-sent until it succeeds (deadline: search.ready_timeout_s)."""
+        not new failures. The restore call is re-sent until it succeeds (deadline: supervision.ready_timeout_s)."""
         if i in self._recovering:
             return
         cause = why if why is not None else f"failed ({type(error).__name__}). Traceback (remote, from Ray):\n{error}"
@@ -181,7 +179,7 @@ class RayRuntime(WorkerRuntime):
         self.supervisor.forget(i)  # timed again, at a pace learnt anew, from its first call after the restore
         if why is not None or isinstance(error, ray.exceptions.RayTaskError):  # alive but hung or suspect
             ray.kill(self.actors[i], no_restart=False)
-        deadline = time.monotonic() + self.cfg.search.ready_timeout_s
+        deadline = time.monotonic() + self.supervision.ready_timeout_s
         self.transport.rejoin(i)  # broadcast: a new group, joined in `restore`; object_store: resend the newest
         self._recovering[i] = (self._restore(i), deadline)
 
@@ -193,7 +191,7 @@ class RayRuntime(WorkerRuntime):
             if not ray.wait([ref], timeout=0)[0]:
                 if time.monotonic() > deadline:
                     raise SearcherError(f"searcher {i} did not come back after a restart within "
-                                        f"search.ready_timeout_s={self.cfg.search.ready_timeout_s:.0f}s")
+                                        f"supervision.ready_timeout_s={self.supervision.ready_timeout_s:.0f}s")
                 continue
             try:
                 ray.get(ref)
@@ -229,7 +227,7 @@ class RayRuntime(WorkerRuntime):
                 if i not in self._recovering:
                     self._submit(i)
         if block:  # sync: every submitted call; async: any one call
-            deadline = time.monotonic() + self.cfg.search.collect_timeout_s
+            deadline = time.monotonic() + self.supervision.collect_timeout_s
             while True:
                 pending = list(self._in_flight)
                 want = len(pending) if self.sync else 1
@@ -271,6 +269,6 @@ class RayRuntime(WorkerRuntime):
             self.transport = None
 
 
-def build(cfg: RunConfig, *, policy, sources, version, states, log, threads, **_) -> RayRuntime:
+def build(parts: RuntimeParts) -> RayRuntime:
     """`runtime=ray` (tba.runtime.RUNTIMES)."""
-    return RayRuntime(cfg, sources, initial_weights(policy), threads, version=version, states=states, log=log)
+    return RayRuntime(parts)

@@ -2,8 +2,9 @@
 
 What it decides, for each searcher rank: is it due to deliver a batch, and for how long has it been silent
 (heartbeat: a `tba.cadence.Cadence` per rank, its limit derived from that searcher's own batch times, capped
-by `search.heartbeat_timeout_s`, never below `search.heartbeat_floor_s`); did a restarted one come back within
-`search.ready_timeout_s`; and may the run afford one more restart (`search.max_restarts`), with the message
+by `supervision.heartbeat_timeout_s`, never below `supervision.heartbeat_floor_s`); did a restarted one come back
+within `supervision.ready_timeout_s`; and may the run afford one more restart (`supervision.max_restarts`), with the
+message
 that stops it otherwise. What it does not do is the plumbing — killing a process or asking Ray to restart an
 actor is the runtime's; it calls `charge` first, then acts.
 """
@@ -13,24 +14,26 @@ from __future__ import annotations
 import time
 
 from tba.cadence import Cadence
-from tba.runtime.base import RuntimeReport, SearcherError, WorkerStats, worker_report
-from tba.schema import SearchConfig
+from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, worker_report
+from tba.schema import SupervisionConfig
+from tba.seam import RuntimeReport
 
 
 class Supervisor:
-    def __init__(self, num_searchers: int, search: SearchConfig, log=print):
-        self.cfg, self.log, self.restarts = search, log, 0
-        self.clocks = [Cadence(search.heartbeat_timeout_s, search.heartbeat_floor_s) for _ in range(num_searchers)]
+    def __init__(self, num_searchers: int, supervision: SupervisionConfig, log=print):
+        self.cfg, self.log, self.restarts = supervision, log, 0
+        self.clocks = [Cadence(supervision.heartbeat_timeout_s, supervision.heartbeat_floor_s)
+                       for _ in range(num_searchers)]
         self.starting_since: list[float | None] = [None] * num_searchers
         """Since when a restarted rank has been starting (its heartbeat begins once it reports ready)."""
 
     # ---- the restart budget ----------------------------------------------------------------------------------
     def charge(self, rank: int, why: str, action: str = "restarting it") -> None:
-        """Count one restart of `rank`, or raise SearcherError with the cause once search.max_restarts is spent.
+        """Count one restart of `rank`, or raise SearcherError with the cause once supervision.max_restarts is spent.
         `why` may carry a traceback after its first line: the log gets the line, then the traceback."""
         limit = self.cfg.max_restarts
         if self.restarts >= limit:
-            raise SearcherError(f"searcher {rank} {why}\nrestart limit reached (search.max_restarts={limit}, "
+            raise SearcherError(f"searcher {rank} {why}\nrestart limit reached (supervision.max_restarts={limit}, "
                                 f"{self.restarts} restarts so far): stopping the run")
         self.restarts += 1
         self.log(f"searcher {rank} {why.splitlines()[0] if why else ''} — {action} "
@@ -55,7 +58,7 @@ class Supervisor:
             self.clocks[rank].start()
 
     def restarted(self, rank: int) -> None:
-        """A new incarnation of `rank` is starting: timed by search.ready_timeout_s, then at a pace learnt anew."""
+        """A new incarnation of `rank` is starting: timed by supervision.ready_timeout_s, then at a pace learnt anew."""
         self.clocks[rank].forget()
         self.starting_since[rank] = time.monotonic()
 
@@ -71,14 +74,14 @@ class Supervisor:
         starting = self.starting_since[rank]
         if starting is not None:
             if now - starting > self.cfg.ready_timeout_s:
-                return (f"did not report ready within search.ready_timeout_s={self.cfg.ready_timeout_s:g}s after "
+                return (f"did not report ready within supervision.ready_timeout_s={self.cfg.ready_timeout_s:g}s after "
                         "its restart: hung or stopped")
             return None
         waited = self.clocks[rank].overdue_s(now)
         if waited is None:
             return None
         return (f"sent no batch for {waited:.0f}s "
-                f"({self.clocks[rank].explain('search.heartbeat_timeout_s', 'search.heartbeat_floor_s')}): "
+                f"({self.clocks[rank].explain('supervision.heartbeat_timeout_s', 'supervision.heartbeat_floor_s')}): "
                 "hung or stopped")
 
 
@@ -86,11 +89,11 @@ class WorkerRuntime:
     """What the runtimes whose searchers report `WorkerStats` with each batch share: the report, the searcher
     count, the per-rank records a restart resumes from, and the supervisor."""
 
-    def __init__(self, cfg, states: list[dict] | None, log=print):
-        self.cfg, self.log = cfg, log
-        n = cfg.search.num_searchers
-        self.supervisor = Supervisor(n, cfg.search, log)
-        self._states: list[dict | None] = list(states) if states else [None] * n
+    def __init__(self, parts: RuntimeParts):
+        self.specs, self.supervision, self.log = parts.searchers, parts.supervision, parts.log
+        n = len(self.specs)
+        self.supervisor = Supervisor(n, parts.supervision, parts.log)
+        self._states: list[dict | None] = list(parts.states) if parts.states else [None] * n
         self._stats: dict[int, WorkerStats] = {}
         self._placement: list[dict] = []
 
@@ -100,7 +103,7 @@ class WorkerRuntime:
 
     @property
     def searchers(self) -> int:
-        return self.cfg.search.num_searchers
+        return len(self.specs)
 
     def record(self, stats: WorkerStats) -> None:
         """A batch arrived from the current incarnation of `stats.rank`: its stats and resumable state."""

@@ -25,8 +25,11 @@ from typing import Protocol
 
 import torch
 
+from tba.runtime import TRANSPORTS
 from tba.runtime.base import SearcherError
+from tba.runtime.broadcast import BroadcastSender
 from tba.runtime.layout import WeightLayout
+from tba.runtime.object_store import ObjectStoreSender
 
 LOCK_TIMEOUT_S = 60.0
 """Longest wait for the shared buffers' lock, held by either side only for one memory copy: past it, the
@@ -71,8 +74,6 @@ class WeightSender(Protocol):
 def choose_transport(setting: str, runtime: str, device: torch.device) -> str:
     """`search.weight_transport`, with auto resolved: local → shared (CPU shared memory or CUDA IPC);
     ray → the object store for CPU weights, a broadcast (NCCL) when the trainer is on a GPU."""
-    from tba.runtime import TRANSPORTS  # the registry (light)
-
     if setting not in ("auto", *TRANSPORTS):
         raise ValueError(f"unknown search.weight_transport {setting!r}")
     if setting != "auto":
@@ -188,11 +189,7 @@ def make_sender(kind: str, weights: dict[str, torch.Tensor], *, num_searchers: i
     if kind == "shared":
         return SharedSender(layout, device, ctx)
     if kind == "broadcast":
-        from tba.runtime.broadcast import BroadcastSender
-
         return BroadcastSender(layout, device, num_searchers=num_searchers, host=host, timeout_s=timeout_s)
     if kind == "object_store":
-        from tba.runtime.object_store import ObjectStoreSender
-
         return ObjectStoreSender(num_searchers)
     raise ValueError(f"unknown weight transport {kind!r}")

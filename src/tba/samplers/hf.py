@@ -1,42 +1,59 @@
 """The Hugging Face backend: the searcher's own policy copy, sampled with tba.generation.generate.
 
 Weights load in place with `load_synced` (a copy into each existing tensor), so the model object, its
-device and dtype never change across versions.
+device and dtype never change across versions. With `search.quantize`, each loaded version is then copied into
+a quantized model (tba.quantize) that generates instead; the seconds that takes are `quantize_s`.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from tba.generation import generate
-from tba.models import load_synced
+from tba.models import apply_lora, load_model, load_synced
+from tba.quantize import QuantizedModel
+from tba.specs import SamplerSpec
 
 
 class HFSampler:
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, quantize: str = "none"):
         self.model = model.eval()
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.quantize, self.quantize_s, self.quantized = quantize, 0.0, None
+        if quantize != "none":
+            t0 = time.perf_counter()
+            self.quantized = QuantizedModel(self.model, quantize)
+            self.quantize_s += time.perf_counter() - t0
+
+    @property
+    def sampling(self):
+        """The model that generates: the quantized copy with search.quantize, else the model itself."""
+        return self.model if self.quantized is None else self.quantized.quantized
 
     def generate(self, prompts: list[list[int]], *, num_samples: int, temperature: float, top_p: float,
                  max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
-        return generate(self.model, prompts, num_samples=num_samples, temperature=temperature, top_p=top_p,
+        return generate(self.sampling, prompts, num_samples=num_samples, temperature=temperature, top_p=top_p,
                         max_new_tokens=max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id)
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         load_synced(self.model, weights)
+        if self.quantized is not None:
+            t0 = time.perf_counter()
+            self.quantized.refresh()
+            self.quantize_s += time.perf_counter() - t0
 
     def close(self) -> None:
         pass
 
 
-def build(cfg, source: str, tokenizer, device, seed: int, policy=None) -> HFSampler:
+def build(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, policy=None) -> HFSampler:
     """`search.backend=hf` (tba.samplers.SAMPLERS): `policy` if given (the inline runtime passes a copy of the
     trainer's), else the model loaded from `source` (with LoRA adapters when the run trains LoRA: the trainer's
     arrive with the first weights)."""
-    from tba.models import apply_lora, load_model
-
     if policy is None:
-        policy = load_model(source, cfg.model.dtype)
-        if cfg.model.lora.enabled and not getattr(policy, "peft_config", None):
-            policy = apply_lora(policy, cfg.model.lora)
-    return HFSampler(policy.to(device), tokenizer)
+        policy = load_model(source, spec.dtype)
+        if spec.lora is not None and not getattr(policy, "peft_config", None):
+            policy = apply_lora(policy, spec.lora)
+    return HFSampler(policy.to(device), tokenizer, spec.quantize)

@@ -42,6 +42,7 @@ import torch
 from transformers import AutoConfig
 
 from tba.models import DTYPES, apply_lora, load_model, load_synced, resolve_source
+from tba.specs import SamplerSpec
 
 TCMALLOC_GLOBS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*", "/usr/lib/aarch64-linux-gnu/"
                   "libtcmalloc_minimal.so*", "/usr/lib64/libtcmalloc_minimal.so*", "/usr/lib/libtcmalloc_minimal.so*")
@@ -113,7 +114,7 @@ def _no_global_side_effects():
 
 
 class VLLMSampler:
-    def __init__(self, source: str, tokenizer, *, cfg, device: torch.device, seed: int):
+    def __init__(self, source: str, tokenizer, *, spec: SamplerSpec, device: torch.device, seed: int):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see module docstring: the model must be in-process
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -125,28 +126,27 @@ class VLLMSampler:
         if device.type == "cuda" and (device.index or 0) != 0:
             raise ValueError(f"search.backend=vllm: vLLM puts its engine on the first visible GPU; start this "
                              f"searcher with CUDA_VISIBLE_DEVICES={device.index} and device cuda:0 instead of {device}")
-        self.eos_id, self.device, self.dtype = tokenizer.eos_token_id, device, DTYPES[cfg.model.dtype]
+        self.eos_id, self.device, self.dtype = tokenizer.eos_token_id, device, DTYPES[spec.dtype]
         self._rng = random.Random(seed)
         source = resolve_source(source)
         engine_source, self.policy = source, None
-        if cfg.model.lora.enabled:  # the HF copy that merges published adapters (see module docstring)
-            self.policy = load_model(source, cfg.model.dtype)
+        if spec.lora is not None:  # the HF copy that merges published adapters (see module docstring)
+            self.policy = load_model(source, spec.dtype)
             if not getattr(self.policy, "peft_config", None):
-                self.policy = apply_lora(self.policy, cfg.model.lora)
+                self.policy = apply_lora(self.policy, spec.lora)
             self.policy = self.policy.to(device).eval()  # adapters keep requires_grad: that is how they are named
             adapter = Path(source) / "adapter_config.json"
             if adapter.is_file():  # a LoRA checkpoint: the engine loads its base, the adapters follow below
                 engine_source = resolve_source(json.loads(adapter.read_text())["base_model_name_or_path"])
-        vcfg = cfg.search.vllm
-        max_len = vcfg.max_model_len
-        if max_len is None and cfg.task.max_prompt_tokens is not None:  # never beyond what the model supports
+        vcfg, max_len = spec.vllm, spec.max_model_len
+        if max_len is not None:  # never beyond what the model supports
             limit = getattr(AutoConfig.from_pretrained(engine_source), "max_position_embeddings", None)
-            max_len = min(cfg.task.max_prompt_tokens + cfg.search.max_new_tokens, limit or 1 << 62)
+            max_len = min(max_len, limit or 1 << 62)
         memory = ({"kv_cache_memory_bytes": int(vcfg.kv_cache_gb * 2**30)} if device.type == "cpu"
                   else {"gpu_memory_utilization": vcfg.gpu_memory_utilization})
         _drop_expected_logs()
         with _no_global_side_effects():
-            self.llm = LLM(engine_source, skip_tokenizer_init=True, dtype=cfg.model.dtype, seed=seed,
+            self.llm = LLM(engine_source, skip_tokenizer_init=True, dtype=spec.dtype, seed=seed,
                            enforce_eager=vcfg.enforce_eager, max_model_len=max_len,
                            logprobs_mode="processed_logprobs", generation_config="vllm", **memory)
         if self.policy is not None and engine_source != source:
@@ -215,7 +215,7 @@ class VLLMSampler:
         cleanup_dist_env_and_memory()
 
 
-def build(cfg, source: str, tokenizer, device, seed: int, policy=None) -> VLLMSampler:
+def build(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, policy=None) -> VLLMSampler:
     """`search.backend=vllm` (tba.samplers.SAMPLERS): an engine over `source` (a save_pretrained directory or
     hub name; it loads its own copy, so `policy` is not used)."""
-    return VLLMSampler(source, tokenizer, cfg=cfg, device=device, seed=seed)
+    return VLLMSampler(source, tokenizer, spec=spec, device=device, seed=seed)

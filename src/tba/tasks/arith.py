@@ -23,6 +23,7 @@ import random
 
 import reasoning_gym
 
+from tba.errors import ConfigError
 from tba.tasks.base import Prompt
 from tba.tasks.gsm8k import gsm8k_reward
 
@@ -60,8 +61,16 @@ class ArithTask:
     name = "arith"
 
     def __init__(self, digits: int = 3, train_size: int | None = 20000, test_size: int | None = 500,
-                 slip_prob: float = 0.6, seed: int = 1234, template: str = "{a}+{b}="):
-        self.digits, self.slip_prob = digits, slip_prob
+                 teacher_slip_prob: float = 0.6, seed: int = 1234, prompt_template: str | None = None):
+        """digits: per operand (two operands, addition); teacher_slip_prob: the SFT teacher forgets each carry
+        with this probability (imitation then plateaus below the ceiling); prompt_template: fields {a}, {b}
+        (None = the compact `{a}+{b}=`); seed: of the problems (held-out: seed + 1)."""
+        if digits < 1:
+            raise ConfigError(f"task.options.digits: must be ≥ 1, got {digits}")
+        if not 0.0 <= teacher_slip_prob <= 1.0:
+            raise ConfigError(f"task.options.teacher_slip_prob: must be in [0, 1], got {teacher_slip_prob}")
+        self.digits, self.slip_prob = digits, teacher_slip_prob
+        template = prompt_template or "{a}+{b}="
         test = list(dict.fromkeys(_problems(test_size or 500, digits, seed + 1)))
         held_out = {(a, b) for a, b, _ in test}
         train = [p for p in dict.fromkeys(_problems(train_size or 20000, digits, seed)) if p[:2] not in held_out]

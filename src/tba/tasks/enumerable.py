@@ -50,6 +50,10 @@ import itertools
 import math
 import random
 
+import torch
+
+from tba.errors import ConfigError
+from tba.generation import response_logprobs
 from tba.tasks.base import Prompt, Scoring, batch_rewards
 
 MAX_RESPONSES = 50_000
@@ -62,10 +66,10 @@ class EnumerableTask:
     def __init__(self, symbols: int = 3, length: int = 3, modes: int = 3, seed: int = 0, decay: float = 0.5,
                  height_step: float = 0.15, junk_reward: float = -1.0):
         if not 2 <= symbols <= 10:
-            raise ValueError(f"symbols: 2..10 (one digit each), got {symbols}")
+            raise ConfigError(f"task.options: symbols: 2..10 (one digit each), got {symbols}")
         if length < 1 or not 1 <= modes <= symbols ** length or 1 - height_step * (modes - 1) <= 0:
-            raise ValueError(f"need length ≥ 1, 1 ≤ modes ≤ symbols^length and positive heights; got length "
-                             f"{length}, modes {modes}, height_step {height_step}")
+            raise ConfigError(f"task.options: need length ≥ 1, 1 ≤ modes ≤ symbols^length and positive heights; got "
+                              f"length {length}, modes {modes}, height_step {height_step}")
         self.symbols, self.length, self.decay, self.junk_reward = symbols, length, decay, junk_reward
         self.alphabet = "".join(str(i) for i in range(symbols))
         rng = random.Random(seed)
@@ -136,10 +140,6 @@ def response_space(vocab_size: int, eos_id: int, max_new_tokens: int) -> list[li
 def sequence_logprobs(model, prompt: list[int], responses: list[list[int]], temperature: float, pad_id: int,
                       batch_size: int = 1024) -> list[float]:
     """log π(y|x) = Σ_t log π(y_t | x, y_<t), logits ÷ T, computed by the trainer's own `response_logprobs`."""
-    import torch
-
-    from tba.generation import response_logprobs
-
     was_training = model.training
     model.eval()
     out: list[float] = []

@@ -39,7 +39,7 @@ def load_rows(source: str, split: str) -> list[dict]:
     """Rows (dicts with `question` and `answer`) of `split` from a local file/directory or a Hub dataset;
     a malformed row, or a gold answer without a number, fails naming the row."""
     rows, where = load_split(source, split, task="gsm8k", fields=_FIELDS, hub_config="main", local_hint=(
-        "task.source=/path/to/gsm8k_dir_or_file.jsonl (a directory holding train.jsonl and test.jsonl, "
+        "task.options.source=/path/to/gsm8k_dir_or_file.jsonl (a directory holding train.jsonl and test.jsonl, "
         "or .parquet)"))
     for i, row in enumerate(rows):
         if extract_answer(row["answer"]) is None:
@@ -57,10 +57,12 @@ class GSM8KTask:
         source: str = "openai/gsm8k",
         train_size: int | None = None,
         test_size: int | None = None,
-        template: str = PROMPT_TEMPLATE,
+        prompt_template: str | None = None,
     ) -> None:
+        """source: a Hub name or a local jsonl/parquet file or directory; prompt_template: field {question}
+        (None = the paper's `[MATH TASK] Problem:...`)."""
         self.source = source
-        self.template = template
+        self.template = prompt_template or PROMPT_TEMPLATE
         self.train = self._prompts(load_rows(source, "train")[:train_size])
         self.test = self._prompts(load_rows(source, "test")[:test_size])
 

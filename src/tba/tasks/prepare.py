@@ -1,40 +1,56 @@
-"""A task made ready for a model: built from the config, prompts wrapped in the chat template, and prompts
-that do not fit the model's context dropped or truncated.
+"""A task made ready for a model: built from its spec, prompts wrapped in the chat template, and prompts that
+do not fit the model's context dropped or truncated.
 
-Here rather than in tba.build because searcher workers (tba.runtime) prepare their own copy of the task, and
-the runtime must not import the module that builds the runtimes.
+Here rather than in tba.build because searcher workers (tba.runtime) prepare their own copy of the task from a
+`tba.specs.TaskSpec`, and the runtime must not import the module that builds the runtimes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from tba.errors import ConfigError
+from tba.plugins import call_with_options, load_object
+from tba.specs import TaskSpec
+from tba.tasks.base import Task
 
-if TYPE_CHECKING:
-    from tba.config import RunConfig
+SIZES = ("train_size", "test_size")
 
 
-def build_task(cfg: RunConfig, tokenizer=None):
-    """The configured task (tba.tasks.TASKS, or a custom factory); with `task.chat_template` its prompts are
-    wrapped by `tokenizer`'s chat template."""
-    from tba.tasks import make_task
-
-    task = make_task(cfg.task)
-    if cfg.task.chat_template and tokenizer is not None:
-        apply_chat_template(task, tokenizer)
+def build_task(spec: TaskSpec, tokenizer=None) -> Task:
+    """The task `spec` describes: its factory called with its options (and the sizes where it takes them),
+    checked to look like a Task; with `spec.chat_template` its prompts are wrapped by `tokenizer`'s template."""
+    options = dict(spec.options)
+    if clash := [k for k in SIZES if k in options]:
+        raise ConfigError(f"task.options.{clash[0]}: set task.{clash[0]} instead")
+    task = call_with_options(load_object(spec.target, "task.name"), options, "task.options",
+                             train_size=spec.train_size, test_size=spec.test_size)
+    missing = [a for a in ("name", "train", "test", "reward") if not hasattr(task, a)]
+    if missing:
+        raise ConfigError(f"task.name: {spec.target} returned {type(task).__name__}, which lacks {', '.join(missing)}")
+    if not task.train or not task.test:
+        raise ConfigError(f"task.name: {spec.target} returned no train or no test prompts")
+    if tokenizer is not None:
+        apply_chat_template(task, tokenizer, every_prompt=spec.chat_template)
     return task
 
 
-def apply_chat_template(task, tokenizer) -> None:
-    """Rewrite every prompt as `tokenizer`'s chat rendering of one user turn, ready for the assistant reply."""
+def apply_chat_template(task, tokenizer, every_prompt: bool = True) -> None:
+    """Rewrite prompts as `tokenizer`'s chat rendering, ready for the assistant reply: prompts given as chat
+    messages (`meta["messages"]`, e.g. the dataset task's conversational rows) always, and with `every_prompt`
+    (task.chat_template) every other prompt too, as one user turn."""
+    chat = any("messages" in p.meta for p in task.train + task.test)
+    if not every_prompt and not chat:
+        return
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("task.chat_template: true, but the tokenizer has no chat template")
+        raise ConfigError("task.chat_template: the prompts are chat messages or task.chat_template is true, but "
+                          "the tokenizer has no chat template")
 
     def wrap(p):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
-                                             add_generation_prompt=True)
+        if "messages" not in p.meta and not every_prompt:
+            return p
+        messages = p.meta.get("messages") or [{"role": "user", "content": p.text}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return dataclasses.replace(p, text=text)
 
     task.train = [wrap(p) for p in task.train]
@@ -72,9 +88,10 @@ def fit_prompts(task, tokenizer, limit: int, mode: str) -> dict[str, int]:
     return counts
 
 
-def prompt_limit(cfg: RunConfig, policy) -> int:
-    """task.max_prompt_tokens, or the model's context length minus the generation budget."""
-    if cfg.task.max_prompt_tokens is not None:
-        return cfg.task.max_prompt_tokens
+def prompt_limit(max_prompt_tokens: int | None, policy, generation_budget: int) -> int:
+    """`max_prompt_tokens` (task.max_prompt_tokens), or the model's context length minus the generation budget
+    (the longer of the search and evaluation budgets)."""
+    if max_prompt_tokens is not None:
+        return max_prompt_tokens
     context = getattr(policy.config, "max_position_embeddings", None) or 10**9
-    return max(1, context - max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens))
+    return max(1, context - generation_budget)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tba.models import DTYPES, ModelLoadError, resolve_device
 
@@ -47,8 +48,6 @@ class RewardModel:
 
     def __init__(self, name_or_path: str, *, tokenizer: str | None = None, device: str = "cpu",
                  dtype: str = "float32", batch_size: int = 16, non_eos_penalty: float = -1.0) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         if dtype not in DTYPES:
             raise ValueError(f"reward model dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         tokenizer_name = tokenizer or name_or_path

@@ -39,7 +39,7 @@ def load_rows(source: str, split: str, size: int | None = None) -> list[dict]:
     from a local file/directory or the Hub. Column selection matters: the Hub dataset also holds token
     columns, ~1.6 GB for train, that this task never reads."""
     rows, where = load_split(source, split, task="tldr", fields=_FIELDS, size=size, local_hint=(
-        "task.source=/path/to/dir holding train.jsonl and validation.jsonl (or .parquet, or a Hub snapshot's "
+        "task.options.source=/path/to/dir holding train.jsonl and validation.jsonl (or .parquet, or a Hub snapshot's "
         "data/*.parquet shards)"))
     for i, row in enumerate(rows):
         if not strip_eos(row["reference_response"]).strip():

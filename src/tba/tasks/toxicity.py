@@ -13,6 +13,7 @@ supported behind the same `__call__(texts) -> list[float]`:
 from __future__ import annotations
 
 import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 PROFANITY_CHECK = "profanity-check"
 _TOXIC_WORDS = ("toxic", "hate", "offensive", "unsafe", "abusive")
@@ -64,8 +65,6 @@ class HFToxicityClassifier:
     whose labels are independent, where it is the sigmoid of that label's logit."""
 
     def __init__(self, spec: str, *, device: str = "cpu", batch_size: int = 64, toxic_label: str | None = None):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(spec)
             model = AutoModelForSequenceClassification.from_pretrained(spec)

@@ -1,0 +1,77 @@
+"""The header a results file opens with: the date, the machine, the code's commit, the package versions and the
+command line as it was typed. A number in README.md is only as good as the record of how it was measured;
+written once here, every results file carries the same record in the same place.
+
+`module` is the script's `__spec__.name` (e.g. `bench.claims.fixed_point`): the same whether the script runs under
+`python -m` or is imported by a test.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import sys
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def command(module: str, argv: list[str] | None = None) -> str:
+    """`python -m MODULE ARGS…` with the arguments as given (default: this process's own)."""
+    return " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def code_version() -> str:
+    """The commit the benchmark started on (short hash), `+changes in src/` when src/ differed from it. Read once,
+    when the script starts (a long benchmark writes its header at the end, after the tree may have moved on)."""
+    return _CODE
+
+
+def _code_version() -> str:
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    return f"{head}{' +changes in src/' if dirty else ''}" if head else "unknown (no git)"
+
+
+_CODE = _code_version()
+
+
+def machine() -> str:
+    """Architecture, cores and GPU: `x86_64, 2 cores, no GPU`."""
+    import torch
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {gpu}"
+
+
+def versions(*packages: str) -> str:
+    """`torch 2.13.0+cpu, transformers 5.19.0`: the installed versions of `packages`; absent ones are left out."""
+    found = []
+    for name in packages:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+def header(module: str, *notes: str, title: str | None = None, argv: list[str] | None = None,
+           packages: tuple[str, ...] = ("torch", "transformers")) -> str:
+    """The markdown header: a title (default: the script's path), then date, machine, versions (none if `packages`
+    is empty), command and any `notes` (what the table's cells mean, where the plot is) as a bullet list."""
+    lines = [f"# {title or module.replace('.', '/') + '.py'}", "", f"- date: {today()}", f"- machine: {machine()}",
+             f"- code: {code_version()}",
+             *([f"- versions: {versions(*packages)}"] if packages else []), f"- command: `{command(module, argv)}`",
+             *(f"- {n}" for n in notes)]
+    return "\n".join(lines) + "\n\n"

@@ -1,0 +1,221 @@
+"""Soak: the default recipe trained for an hour; resident memory of every process and the durable buffer's
+size on disk sampled each minute.
+
+    python -m bench.perf.soak --minutes 60       # writes bench/results/soak/soak.{md,json,png}
+    python -m bench.perf.soak --smoke            # 1 minute, samples every 10 s (what CI runs)
+    python -m bench.perf.soak --compare BEFORE.json AFTER.json --out bench/results/soak/buffer_disk
+                                                 # disk growth of two soaks side by side (same minutes)
+
+The run is `tba train` (embedded default recipe) with `trainer.steps` raised so it cannot finish first,
+in its own process; every `--interval` seconds the script reads VmRSS of the trainer and of each of its
+child processes from /proc, the size of RUN_DIR/buffer.sqlite (with its WAL), plus the run's last metrics
+line. Pass config overrides after the options (e.g. `buffer.compact=false` for the store that keeps every
+sample). At the end it sends Ctrl-C (the run writes
+its exit checkpoint) and reports growth from the first sample (after start-up and prefill) to the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.lib.header import command, header, machine, today
+from bench.lib.paths import RESULTS
+from bench.lib.scratch import scratch_dir
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def disk_mb(run: Path) -> float:
+    """Bytes of the durable buffer on disk (buffer.sqlite and its -wal/-shm files), in MB."""
+    return sum(f.stat().st_size for f in run.glob("buffer.sqlite*") if f.is_file()) / 2**20
+
+
+def last_metrics(run: Path) -> dict:
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=60)
+    ap.add_argument("--interval", type=float, default=60)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "soak" / "soak"))
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"))
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    if args.compare:
+        return compare(*map(Path, args.compare), Path(args.out))
+    with scratch_dir("tba-soak-") as root:  # the run; with --smoke also its SFT cache and results
+        if args.smoke:  # tiny warm start so that CI does not spend minutes on SFT
+            args.minutes, args.interval = 0.5, 10.0
+            args.out = str(root / "results" / "soak")
+            args.overrides += ["sft.steps=30", "sft.log_every_steps=30", f"sft.cache_dir={root / 'sft-cache'}",
+                               "task.test_size=16", "task.train_size=500"]
+        soak(args, root)
+
+
+def soak(args, root: Path) -> None:
+    run = root / "run"
+    cmd = [sys.executable, "-m", "tba", "train", f"output_dir={run}", "trainer.steps=100000000",
+           "logging.progress=false", *args.overrides]
+    log = open(run.parent / "train.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    print(f"soak: {' '.join(cmd)}\nlog: {run.parent / 'train.log'}", flush=True)
+    while not (run / "metrics.jsonl").is_file() or not last_metrics(run):  # start-up, SFT, prefill
+        if proc.poll() is not None:
+            sys.exit(f"training exited early ({proc.returncode}); see {run.parent / 'train.log'}")
+        time.sleep(2)
+    samples, t0 = [], time.monotonic()
+    while True:
+        m = last_metrics(run)
+        kids = children(proc.pid)
+        row = {"minute": (time.monotonic() - t0) / 60, "trainer_mb": rss_mb(proc.pid),
+               "children_mb": sum(rss_mb(k) for k in kids), "processes": 1 + len(kids), "step": m.get("step"),
+               "buffer_size": m.get("buffer/size"), "buffer_groups": m.get("buffer/groups"), "disk_mb": disk_mb(run)}
+        row["total_mb"] = row["trainer_mb"] + row["children_mb"]
+        samples.append(row)
+        print(json.dumps(row), flush=True)
+        if proc.poll() is not None:
+            sys.exit(f"training died ({proc.returncode}); see {run.parent / 'train.log'}")
+        if row["minute"] >= args.minutes:
+            break
+        time.sleep(max(0.0, t0 + len(samples) * args.interval - time.monotonic()))
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=120)
+    first, last = samples[0], samples[-1]
+    growth = {k: (last[k] - first[k]) / first[k] for k in ("trainer_mb", "total_mb")}
+    hours = max(last["minute"] - first["minute"], 1e-9) / 60
+    groups = max((last["buffer_groups"] or 0) - (first["buffer_groups"] or 0), 1)
+    disk = {"mb_per_hour": (last["disk_mb"] - first["disk_mb"]) / hours,
+            "mb_per_1000_groups": 1000 * (last["disk_mb"] - first["disk_mb"]) / groups, "final_mb": last["disk_mb"]}
+    peak = max(s["total_mb"] for s in samples)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": command(__spec__.name), "train_command": " ".join(cmd), "date": today(), "machine": machine(),
+              "overrides": args.overrides, "exit_code_after_ctrl_c": code, "growth": growth, "disk": disk,
+              "peak_total_mb": peak, "samples": samples}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    _plot(samples, out.with_suffix(".png"))
+    lines = [
+        header(__spec__.name, f"runs: `{result['train_command']}`", title=f"Soak: the default recipe for "
+               f"{args.minutes:g} minutes, memory and buffer size sampled every {args.interval:g} s").rstrip("\n"), "",
+        "| minute | trainer step | buffer samples in memory | groups accepted | buffer.sqlite MB | trainer RSS MB | "
+        "searchers RSS MB | total MB |", "|---|---|---|---|---|---|---|---|",
+        *[f"| {s['minute']:.1f} | {s['step']} | {s['buffer_size']} | {s['buffer_groups']} | {s['disk_mb']:.1f} | "
+          f"{s['trainer_mb']:.0f} | {s['children_mb']:.0f} | {s['total_mb']:.0f} |" for s in samples], "",
+        f"Durable buffer: {disk['final_mb']:.1f} MB at the end; grew {disk['mb_per_hour']:.1f} MB per hour "
+        f"({disk['mb_per_1000_groups']:.2f} MB per 1000 groups accepted) from the first sample to the last.", "",
+        f"RSS growth first → last sample: trainer {growth['trainer_mb']:+.1%}, all processes "
+        f"{growth['total_mb']:+.1%} (peak {peak:.0f} MB). Ctrl-C at the end: exit code {code} "
+        "(130 = interrupted, exit checkpoint written).", "", f"![RSS over time]({out.with_suffix('.png').name})",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _growth(samples: list[dict], since_minute: float) -> tuple[float, float]:
+    """(MB per hour, MB per 1000 groups accepted) of buffer.sqlite between `since_minute` and the last sample."""
+    first = next(s for s in samples if s["minute"] >= since_minute - 1e-6)
+    last = samples[-1]
+    mb = last["disk_mb"] - first["disk_mb"]
+    return mb / max((last["minute"] - first["minute"]) / 60, 1e-9), 1000 * mb / max(
+        last["buffer_groups"] - first["buffer_groups"], 1)
+
+
+def _at_groups(samples: list[dict], groups: int) -> float:
+    """buffer.sqlite MB when the run had accepted `groups` groups (linear between the two samples around it)."""
+    for a, b in zip(samples, samples[1:], strict=False):
+        if a["buffer_groups"] <= groups <= b["buffer_groups"]:
+            f = (groups - a["buffer_groups"]) / max(b["buffer_groups"] - a["buffer_groups"], 1)
+            return a["disk_mb"] + f * (b["disk_mb"] - a["disk_mb"])
+    return samples[-1]["disk_mb"]
+
+
+def compare(before_json: Path, after_json: Path, out: Path) -> None:
+    """Disk growth of two soaks (e.g. a store that keeps everything vs the compacted one), over the minutes
+    both ran: the whole window and its second half (after the in-memory buffer's fast first fill)."""
+    runs = {"before": json.loads(before_json.read_text()), "after": json.loads(after_json.read_text())}
+    minutes = min(r["samples"][-1]["minute"] for r in runs.values())
+    for r in runs.values():
+        r["samples"] = [s for s in r["samples"] if s["minute"] <= minutes + 1e-6]
+    rows, table = {}, []
+    for name, r in runs.items():
+        whole, second_half = _growth(r["samples"], 0), _growth(r["samples"], minutes / 2)
+        last = r["samples"][-1]
+        rows[name] = (whole, second_half)
+        table.append(f"| {name} | `{r['command']}` | {r['date']} | {last['step']} | {last['buffer_groups']} | "
+                     f"{last['buffer_size']} | {last['disk_mb']:.1f} | {whole[0]:.1f} | {second_half[0]:.1f} | "
+                     f"{whole[1]:.2f} |")
+    ratio = [rows["before"][i][0] / max(rows["after"][i][0], 1e-9) for i in (0, 1)]
+    groups = min(r["samples"][-1]["buffer_groups"] for r in runs.values())  # throughput differs between runs:
+    at = {name: _at_groups(r["samples"], groups) for name, r in runs.items()}  # compare at equal work too
+    lines = [
+        header(__spec__.name, f"soaks measured on: {runs['after']['machine']}; size = buffer.sqlite + its -wal/-shm "
+               "files, sampled every minute",
+               title=f"Durable buffer on disk: two soaks of the default recipe, {minutes:.0f} minutes each"
+               ).rstrip("\n"),
+        "",
+        "| soak | command | date | trainer steps | groups accepted | samples in memory | buffer.sqlite MB at the end "
+        "| MB per hour (whole run) | MB per hour (second half) | MB per 1000 groups (whole run) |",
+        "|---|---|---|---|---|---|---|---|---|---|", *table, "",
+        f"Disk growth per hour, before ÷ after: **{ratio[0]:.1f}×** over the whole run, **{ratio[1]:.1f}×** over "
+        f"its second half. At the same work — {groups} groups accepted, whichever run got there — "
+        f"before {at['before']:.1f} MB, after {at['after']:.1f} MB (**{at['before'] / max(at['after'], 1e-9):.1f}×**).",
+        "",
+        "| minute | before: groups | before: MB | after: groups | after: MB |", "|---|---|---|---|---|",
+        *[f"| {a['minute']:.0f} | {a['buffer_groups']} | {a['disk_mb']:.1f} | {b['buffer_groups']} | "
+          f"{b['disk_mb']:.1f} |" for a, b in zip(runs["before"]["samples"], runs["after"]["samples"], strict=False)],
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _plot(samples: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    minutes = [s["minute"] for s in samples]
+    for key, label in (("total_mb", "all processes"), ("trainer_mb", "trainer"), ("children_mb", "searchers")):
+        ax.plot(minutes, [s[key] for s in samples], marker="o", ms=3, label=label)
+    ax.set_xlabel("minutes since the first trainer step")
+    ax.set_ylabel("resident memory (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("tba soak: default recipe, RSS sampled every interval")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()

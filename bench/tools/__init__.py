@@ -1,0 +1,1 @@
+"""Scripts that read what earlier runs left behind (a run directory, results files) and train nothing."""

@@ -1,0 +1,91 @@
+"""What the training loop watches besides the algorithm: its clocks and the warnings it owes the user.
+
+Clocks: wall-clock seconds since the run started (start-up included), training seconds (evaluation excluded)
+and the trainer's busy fraction (updating, not waiting), each summed over the run's resumed segments. Warnings:
+an async trainer that keeps drawing from an aging buffer because no fresh samples come, and samples dropped
+because their reward raised or was not finite. Kept apart from tba.loop so that the loop reads as the order
+of operations and nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tba.cadence import Cadence
+from tba.seam import RuntimeReport
+from tba.state import RunState
+
+NO_FRESH_WARN_S = 60.0
+"""The aging-buffer warning's cap: an async trainer with no fresh samples for this long says so. Sooner when
+fresh samples usually come faster: after max(NO_FRESH_FLOOR_S, 20 × the slowest recent gap) (tba.cadence)."""
+NO_FRESH_FLOOR_S = 5.0
+"""Warn when the trainer has drawn from the buffer this long without a single fresh group (async)."""
+
+
+class Monitor:
+    def __init__(self, before: RunState, t_run: float, heartbeat_timeout_s: float):
+        """`before`: the run's totals before this segment (a resume adds to them); `t_run`: when it started."""
+        self.before, self.t_run, self.heartbeat_timeout_s = before, t_run, heartbeat_timeout_s
+        self.t_train = self.t_loop = t_run
+        self.eval_s, self.busy_before = 0.0, before.busy_s
+        self.startup_s = 0.0
+        self.freshness = Cadence(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)
+        self.warned_no_fresh, self.warned_dropped = False, 0
+
+    # ---- clocks ------------------------------------------------------------------------------------------
+    def training_starts(self) -> None:
+        """Training seconds count from now (the first evaluation before it is excluded). What came before, since
+        the run began and evaluation excluded, is this segment's start-up: building models and launching searchers."""
+        self.startup_s = time.perf_counter() - self.t_run - self.eval_s
+        self.t_train, self.eval_s = time.perf_counter(), 0.0
+
+    def updates_start(self, busy_s: float) -> None:
+        """The first update is next: the loop's busy fraction and the aging-buffer clock run from here."""
+        self.t_loop, self.busy_before = time.perf_counter(), busy_s
+        self.freshness.start()
+
+    def evaluated(self, seconds: float) -> None:
+        self.eval_s += seconds
+
+    def train_s(self) -> float:
+        return self.before.train_s + time.perf_counter() - self.t_train - self.eval_s
+
+    def wall_s(self) -> float:
+        return self.before.wall_s + time.perf_counter() - self.t_run
+
+    def busy_fraction(self, busy_s: float) -> float:
+        """Share of this segment's loop time (evaluation excluded) the trainer spent updating."""
+        elapsed = time.perf_counter() - self.t_loop - self.eval_s
+        return (busy_s - self.busy_before) / max(elapsed, 1e-9)
+
+    def counters(self, report: RuntimeReport) -> tuple[int, int]:
+        """(searcher restarts, samples dropped for a bad reward) over the whole run, resumes included."""
+        return (self.before.restarts + report.stats.get("searcher/restarts", 0),
+                report.stats.get("searcher/rewards_dropped", self.before.rewards_dropped))
+
+    # ---- warnings ----------------------------------------------------------------------------------------
+    def no_fresh_samples(self, fresh: bool, searchers: int, age_mean: Callable[[], float]) -> str | None:
+        """An async trainer never waits for samples: a warning when it keeps training on an aging buffer, on the
+        run's own time scale (the limit is learnt from the gaps between fresh samples so far)."""
+        clock = self.freshness
+        if fresh or not searchers:
+            clock.tick()
+            self.warned_no_fresh = False
+            return None
+        quiet = clock.overdue_s()
+        if quiet is None or self.warned_no_fresh:
+            return None
+        self.warned_no_fresh = True
+        return (f"warning: no fresh samples for {quiet:.0f}s ({clock.explain('cap', 'floor')}) — training on an "
+                f"aging buffer (mean sample age {age_mean():.1f} versions). A searcher silent past its heartbeat "
+                f"(learnt from its batch times, at most supervision.heartbeat_timeout_s="
+                f"{self.heartbeat_timeout_s:.0f}s) is restarted")
+
+    def dropped_samples(self, report: RuntimeReport) -> str | None:
+        dropped = report.stats.get("searcher/rewards_dropped", 0)
+        if dropped <= self.warned_dropped:
+            return None
+        new, self.warned_dropped = dropped - self.warned_dropped, dropped
+        return (f"{new} samples dropped: reward raised or was not finite (total {dropped}); "
+                f"last: {report.reward_error or '?'}")

@@ -1,0 +1,167 @@
+"""The searchers' sections of the config schema (tba.schema): what they sample, where they run, how they are
+supervised and what each declares on Ray. `search.groups` describes several behaviour policies feeding one
+buffer; without it, every searcher samples the trained policy with the settings of `search` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tba.checks import (
+    devices,
+    fraction,
+    knob,
+    non_negative,
+    one_of,
+    or_none,
+    positive,
+    positive_or_none,
+    probability,
+)
+from tba.errors import ConfigError
+from tba.runtime import TRANSPORTS
+from tba.samplers import SAMPLERS
+
+QUANTIZE = ("none", "int8", "int8_weight", "fp8")
+"""search.quantize's schemes (tba.quantize)."""
+
+
+@dataclass
+class VLLMConfig:
+    """search.backend=vllm: the vllm.LLM engine each searcher runs in its own process."""
+
+    kv_cache_gb: float = 1.0
+    """CPU only: memory for the KV cache per searcher (vLLM's kv_cache_memory_bytes; an exported
+    VLLM_CPU_KVCACHE_SPACE wins)."""
+    gpu_memory_utilization: float = knob(0.3, fraction)
+    """GPU only: share of the device's memory the engine may take (model + KV cache); leave room for the
+    trainer and the reference model when they share the GPU."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile: start in seconds (CPU start-up compiles otherwise); false on GPUs for
+    throughput on long runs."""
+    max_model_len: int | None = None
+    """Longest prompt + response the engine plans for. None = task.max_prompt_tokens + search.max_new_tokens."""
+    fast_cpu_env: bool = True
+    """CPU, local runtime: preload tcmalloc and Intel OpenMP in vLLM searchers (tba.samplers.vllm.fast_cpu_env;
+    several times the tokens/s). A preload you set wins; other runtimes: export it yourself (README)."""
+
+
+@dataclass
+class SearcherGroup:
+    """One behaviour policy feeding the buffer: `num_searchers` searchers that sample alike. A field left null
+    takes the value of `search` itself. Every sample records its group's `name` as its source."""
+
+    name: str = "policy"
+    """The source name in metrics, `tba buffer stats` and `tba report`."""
+    num_searchers: int = knob(1, positive)
+    """Searchers of this group; together they cover every train prompt (each its round-robin shard)."""
+    temperature: float | None = knob(None, or_none(positive))
+    """Sampling temperature T_b of this group. The log-probs TB compares (π_θ's, π_ref's) stay at
+    search.temperature: T_b changes the behaviour, not the target. Its behaviour log-probs are at T_b."""
+    top_p: float | None = knob(None, or_none(probability))
+    """Nucleus of this group's sampler (< 1 gives some responses no chance: TB then misses π*)."""
+    backend: str | None = knob(None, or_none(one_of(SAMPLERS, plugin="module:build (your own)")))
+    """This group's sampling engine (hf, vllm, or module:build)."""
+    quantize: str | None = knob(None, or_none(one_of(QUANTIZE)))
+    """Sample from a quantized copy of each published policy (tba.quantize: int8, int8_weight, fp8)."""
+    policy: str | None = None
+    """Another model to sample from, fixed for the whole run: any causal LM with the run's tokenizer (hub name,
+    directory — an earlier run's `tba export`, a teacher —, .gguf, package:). null = the trained policy."""
+    sync: bool | None = None
+    """Load every policy the trainer publishes (every k updates). null = true for the trained policy, false for
+    another `policy`; false with the trained policy = a fixed behaviour: its starting weights, never updated."""
+    device: str | None = knob(None, devices)
+    """This group's device(s), as search.device (null = search.device)."""
+
+    def check(self) -> None:
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"search.groups: name {self.name!r}: letters, digits, - and _ only (it names a source)")
+        if self.policy is not None and self.sync:
+            raise ConfigError(f"search.groups: group {self.name!r} samples another model (policy: {self.policy}); "
+                              "it cannot load the trainer's weights: leave sync unset or false")
+
+
+@dataclass
+class SearchConfig:
+    """The searchers: what they sample (the behaviour policy and one search batch) and where they run."""
+
+    backend: str = knob("hf", one_of(SAMPLERS, plugin="module:build (your own)"))
+    """The sampling engine (tba.samplers.SAMPLERS: hf, vllm) or your own `file.py:build`. Reference log-probs
+    are the HF reference model's with every backend."""
+    temperature: float = knob(0.7, positive)
+    """T: sampling temperature; log-probs everywhere are of logits ÷ T, as in the paper."""
+    top_p: float = knob(1.0, probability)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p, renormalised;
+    log-probs everywhere are of that renormalised distribution. 1.0 = off (full support)."""
+    samples_per_prompt: int = knob(10, positive)
+    """S: completions generated per prompt (S ≥ K so that dedup still leaves K unique ones)."""
+    prompts_per_batch: int = knob(8, positive)
+    """Prompts per search iteration (one generate call of prompts × S sequences)."""
+    max_new_tokens: int = knob(32, positive)
+    """Longest response in tokens; a response that reaches it without EOS is kept, cut there."""
+    num_searchers: int = knob(1, positive)
+    """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
+    device: str | None = knob(None, devices)
+    """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
+    item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
+    Ray each actor sees the GPUs it declared (ray.searcher_gpus) and `cuda` means its own."""
+    threads: int | None = knob(None, positive_or_none)
+    """torch threads per searcher. None = an equal share of the cores (inline: all cores)."""
+    weight_transport: str = knob("auto", one_of(("auto", *TRANSPORTS)))
+    """How published weights reach searchers (tba.runtime.TRANSPORTS). auto = local: shared (CPU shared memory
+    or CUDA IPC); ray: object_store on CPU, broadcast (NCCL) when the trainer is on a GPU."""
+    quantize: str = knob("none", one_of(QUANTIZE))
+    """Sample from a quantized copy of each published policy: none | int8 | int8_weight | fp8 (tba.quantize).
+    The trainer trains, and π_ref scores, in full precision; the behaviour log-probs are the quantized model's."""
+    vllm: VLLMConfig = knob(factory=VLLMConfig)
+    """Engine settings when backend is vllm (the `search.vllm.*` section)."""
+    groups: list[SearcherGroup] | None = None
+    """Several behaviour policies feeding one buffer, e.g. [{name: policy, num_searchers: 1}, {name: explore,
+    temperature: 1.5, sync: false}, {name: teacher, policy: runs/old/checkpoint}]. null = one group, "policy",
+    of num_searchers searchers with the settings above."""
+
+    def check(self) -> None:
+        if self.groups is None:
+            return
+        if not self.groups:
+            raise ConfigError("search.groups: an empty list; leave it null for one group of search.num_searchers")
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"search.groups: names must differ, got {names}")
+        total = sum(g.num_searchers for g in self.groups)
+        if self.num_searchers not in (1, total):
+            raise ConfigError(f"search.num_searchers: {self.num_searchers}, but search.groups has {total} searchers; "
+                              "with groups, set the count per group (num_searchers: 1, the default, is ignored)")
+
+
+@dataclass
+class SupervisionConfig:
+    """How long the trainer waits for searchers in other processes or on Ray, and how many failures it survives
+    (tba.runtime.supervision)."""
+
+    ready_timeout_s: float = knob(300.0, positive)
+    """How long a searcher may take to start (import, load models) before the run fails."""
+    collect_timeout_s: float = knob(600.0, positive)
+    """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
+    heartbeat_timeout_s: float = knob(300.0, positive)
+    """Cap on how long a searcher that owes a batch may stay silent before it is killed and restarted like a
+    crash. The limit in force is min(this, max(heartbeat_floor_s, 20 × its slowest of the last 16 batches))
+    (tba.cadence); until its first batch only this cap applies: it must exceed the slowest first batch."""
+    heartbeat_floor_s: float = knob(10.0, positive)
+    """The learnt heartbeat limit is never shorter than this (scheduling jitter on a busy machine is not a hang)."""
+    max_restarts: int = knob(3, non_negative)
+    """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None
+    """Ray cluster to join (e.g. 127.0.0.1:6379 or auto). None = start a private local Ray on 127.0.0.1."""
+    num_cpus: int | None = None
+    """CPUs of the private local Ray (None = all cores)."""
+    searcher_cpus: float = 1.0
+    """CPUs each searcher actor declares."""
+    searcher_gpus: float = 0.0
+    """GPUs each searcher actor declares."""
+    searcher_resources: dict | None = None
+    """Custom resources each searcher actor requires, e.g. {searcher: 1} to pin them to tagged nodes."""

