@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.runs = ["train.sh"]
     rows = []
+    args.results.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tba-first-run-") as tmp:
         for name in args.runs:
             root = Path(tmp) / name
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
             clone(root / "repo")
             report = args.results.parent / "report_default_recipe.html" if name == "train.sh" else None
             rows.append(run_one(name, root, SMOKE_OVERRIDES if args.smoke else [], args.timeout, report))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "tail"}), flush=True)
     lines = ["| command | what | wall s (first run, empty cache) | held-out start → end | training s (steps) |",
              "|---|---|---|---|---|"]
     for r in rows:
@@ -97,7 +99,6 @@ def main(argv: list[str] | None = None) -> None:
     head = header(__spec__.name, "each command in a fresh clone with an empty SFT cache; installing not timed "
                   f"(python {sys.version.split()[0]})")
     text = head + "\n".join(lines) + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
-    args.results.parent.mkdir(parents=True, exist_ok=True)
     write_keeping_reading(args.results, text)
     print(text.split("```json")[0])
 
