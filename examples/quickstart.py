@@ -1,6 +1,6 @@
 """TRL's GRPO quickstart, ported: a dataset of prompts, reward functions with TRL's signature, one trainer.
 
-    python examples/quickstart.py [key=value ...]     # SmolLM2-135M-Instruct, offline; ≈ 12 min on 2 CPU cores
+    python examples/quickstart.py [key=value ...]     # SmolLM2-135M-Instruct, offline; 768 s on 2 CPU cores
 
 Two-digit sums as chat prompts (examples/data/sums.jsonl, its last 60 rows held out); the rewards are TRL
 functions — exactly what GRPOTrainer(reward_funcs=...) takes. The hyperparameters are the SmolLM2 recipe's
