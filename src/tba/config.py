@@ -161,15 +161,6 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(data: dict) -> RunConfig:
-    """Rebuild a validated RunConfig from `to_dict` output."""
-    cfg = RunConfig()
-    for key, value in data.items():
-        _apply(cfg, key, value)
-    validate(cfg)
-    return cfg
-
-
 def parse_override(text: str) -> tuple[str, object]:
     """`key.sub=value` → (key.sub, YAML-parsed value)."""
     if "=" not in text:
