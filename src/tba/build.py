@@ -338,7 +338,8 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
     runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
                             sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"),
                             log=log)
-    evaluator = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg))
+    evaluator = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
+                          limits=cfg.search.episode_limits(cfg.eval.max_new_tokens))
     identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
     return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, evaluator, fitted, identity, data)
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from tba.config import load_config
+from tba.episodes import turns
 from tba.errors import ConfigError, UserError
 from tba.objectives import OBJECTIVES
 from tba.tasks import TASKS
@@ -128,11 +129,17 @@ def buffer_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             break
         row = {"seq": seq, "step": step, "source": g.source, "prompt_id": g.prompt_id, "prompt_tokens": g.prompt_tokens,
                "samples": [{"version": s.version, "reward": s.reward, "response": s.response,
-                            "ref_logprob": s.ref_logprob_sum} for s in g.samples]}
+                            "ref_logprob": s.ref_logprob_sum,
+                            **({"policy_mask": s.policy_mask} if s.policy_mask else {})}
+                           for s in g.samples]}
         if tokenizer is not None:
             row["prompt"] = tokenizer.decode(g.prompt_tokens, skip_special_tokens=True)
             for d, s in zip(row["samples"], g.samples, strict=True):
                 d["text"] = tokenizer.decode(s.response, skip_special_tokens=True)
+                if s.policy_mask:  # an episode: its turns, whose they are, each decoded
+                    d["turns"] = [{"by": "policy" if mine else "environment",
+                                   "text": tokenizer.decode(s.response[a:b], skip_special_tokens=False)}
+                                  for mine, a, b in turns(s.policy_mask)]
         try:
             print(json.dumps(row))
         except BrokenPipeError:  # `| head`

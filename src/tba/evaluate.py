@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tba.episodes import END_REASONS, Limits, run_episodes
 from tba.generation import ended_with_eos, generate, response_logits
 from tba.schema import EvalConfig
 from tba.tasks.base import Prompt, Scoring, accuracy
@@ -90,20 +91,23 @@ def reference_metrics(policy, reference, c: Completions, pad_id: int, batch_size
 
 
 def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None,
-             scoring: Scoring | None = None) -> dict[str, float]:
+             scoring: Scoring | None = None, limits: Limits | None = None) -> dict[str, float]:
     """{score: mean reward of the evaluation completions, **task.eval_metrics, **reference_metrics,
     **task.exact_metrics (given `scoring` and `reference`)}.
 
-    `cfg` is an EvalConfig. A reward that raises or is not finite scores 0 here: evaluation must not stop a
-    run (the searchers count such failures).
+    `cfg` is an EvalConfig; `limits` a multi-turn task's episode limits. A reward that raises or is not finite
+    scores 0 here: evaluation must not stop a run (the searchers count such failures).
     """
     if not prompts:
         return {"score": math.nan}
-    c = complete(policy, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                 samples_per_prompt=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p)
-    metrics = task_metrics(task, c)
-    if cfg.reference_metrics and reference is not None:
-        metrics.update(reference_metrics(policy, reference, c, tokenizer.pad_token_id))
+    if hasattr(task, "environment"):
+        metrics = episode_metrics(policy, tokenizer, task, prompts, cfg, limits or Limits())
+    else:
+        c = complete(policy, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                     samples_per_prompt=cfg.samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p)
+        metrics = task_metrics(task, c)
+        if cfg.reference_metrics and reference is not None:
+            metrics.update(reference_metrics(policy, reference, c, tokenizer.pad_token_id))
     exact = getattr(task, "exact_metrics", None)
     if exact is not None and scoring is not None and reference is not None:
         metrics.update({k: float(v) for k, v in exact(policy, reference, tokenizer, scoring).items()})
@@ -114,13 +118,14 @@ class Evaluator:
     """The held-out evaluation a run repeats: `policy` (the trainer's, updated in place) on the task's test
     prompts, with the run's `Scoring` for a task that measures π_θ exactly."""
 
-    def __init__(self, policy, tokenizer, task, cfg: EvalConfig, *, reference=None, scoring: Scoring | None = None):
+    def __init__(self, policy, tokenizer, task, cfg: EvalConfig, *, reference=None, scoring: Scoring | None = None,
+                 limits: Limits | None = None):
         self.policy, self.tokenizer, self.task, self.cfg = policy, tokenizer, task, cfg
-        self.reference, self.scoring = reference, scoring
+        self.reference, self.scoring, self.limits = reference, scoring, limits
 
     def __call__(self) -> dict[str, float]:
         return evaluate(self.policy, self.tokenizer, self.task, self.task.test, self.cfg, reference=self.reference,
-                        scoring=self.scoring)
+                        scoring=self.scoring, limits=self.limits)
 
     def describe(self, metrics: dict[str, float]) -> str:
         """One log line: the greedy pass@1 when that is all there is, else every metric."""
@@ -135,6 +140,38 @@ def task_metrics(task, c: Completions) -> dict[str, float]:
     extra = getattr(task, "eval_metrics", None)
     if extra is not None:
         metrics.update({k: float(v) for k, v in extra(c.prompts, c.texts, c.finished).items()})
+    return metrics
+
+
+@torch.no_grad()
+def episode_metrics(policy, tokenizer, task, prompts: list[Prompt], cfg, limits: Limits) -> dict[str, float]:
+    """A multi-turn task's evaluation: one greedy episode per test prompt (or `eval.samples_per_prompt` sampled
+    ones), each turn at most eval.max_new_tokens. score = mean episode reward (a failed episode scores 0);
+    episode/turns_mean; episode/ended_<reason> as fractions of the episodes; and the task's own
+    `episode_metrics(episodes)` (e.g. success by turn) where it has one."""
+    was_training = policy.training
+    policy.eval()
+    greedy, n = cfg.samples_per_prompt == 0, max(cfg.samples_per_prompt, 1)
+
+    def policy_turns(contexts, max_new_tokens):
+        out = []
+        for start in range(0, len(contexts), cfg.batch_size):
+            out += generate(policy, contexts[start:start + cfg.batch_size], greedy=greedy, temperature=cfg.temperature,
+                            top_p=cfg.top_p, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+                            pad_id=tokenizer.pad_token_id, logprobs=False)
+        return out
+
+    tokens = [tokenizer(p.text)["input_ids"] for p in prompts]
+    episodes = run_episodes(policy_turns, tokenizer, task, prompts, tokens, num_samples=n,
+                            max_new_tokens=cfg.max_new_tokens, limits=limits)
+    policy.train(was_training)
+    metrics = {"score": sum(e.reward or 0.0 for e in episodes) / len(episodes),
+               "episode/turns_mean": sum(e.turns for e in episodes) / len(episodes)}
+    metrics.update({f"episode/ended_{r}": sum(e.end == r for e in episodes) / len(episodes) for r in END_REASONS
+                    if any(e.end == r for e in episodes)})
+    extra = getattr(task, "episode_metrics", None)
+    if extra is not None:
+        metrics.update({k: float(v) for k, v in extra(episodes).items()})
     return metrics
 
 

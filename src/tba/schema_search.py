@@ -18,6 +18,7 @@ from tba.checks import (
     positive_or_none,
     probability,
 )
+from tba.episodes import Limits
 from tba.errors import ConfigError
 from tba.runtime import TRANSPORTS
 from tba.samplers import SAMPLERS
@@ -98,7 +99,15 @@ class SearchConfig:
     prompts_per_batch: int = knob(8, positive)
     """Prompts per search iteration (one generate call of prompts × S sequences)."""
     max_new_tokens: int = knob(32, positive)
-    """Longest response in tokens; a response that reaches it without EOS is kept, cut there."""
+    """Longest response in tokens; a response that reaches it without EOS is kept, cut there. In a multi-turn
+    task (one with an environment): the longest policy turn."""
+    max_turns: int = knob(4, positive)
+    """Multi-turn tasks: policy turns per episode at most (tba.episodes)."""
+    max_episode_tokens: int | None = knob(None, positive_or_none)
+    """Multi-turn tasks: tokens after the prompt per episode, the policy's and the environment's. None =
+    max_turns × max_new_tokens × 2."""
+    env_timeout_s: float = knob(10.0, positive)
+    """Multi-turn tasks: longest wait for the environment's answer (a tool call) before the episode ends."""
     num_searchers: int = knob(1, positive)
     """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
     device: str | None = knob(None, devices)
@@ -119,6 +128,12 @@ class SearchConfig:
     """Several behaviour policies feeding one buffer, e.g. [{name: policy, num_searchers: 1}, {name: explore,
     temperature: 1.5, sync: false}, {name: teacher, policy: runs/old/checkpoint}]. null = one group, "policy",
     of num_searchers searchers with the settings above."""
+
+    def episode_limits(self, max_new_tokens: int | None = None):
+        """The tba.episodes limits these settings give (`max_new_tokens`: another per-turn length, evaluation's)."""
+        per_turn = max_new_tokens or self.max_new_tokens
+        return Limits(max_turns=self.max_turns, timeout_s=self.env_timeout_s,
+                      max_tokens=self.max_episode_tokens or self.max_turns * per_turn * 2)
 
     def check(self) -> None:
         if self.groups is None:

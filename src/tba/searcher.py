@@ -14,6 +14,10 @@ Temperatures: it samples at its own `cfg.temperature` (a searcher group's T_b), 
 log-probs of that distribution; the reference log-probs it attaches are at the run's scoring temperature
 (search.temperature), the one the trainer's log π_θ uses, so TB's target does not depend on who sampled.
 Every sample carries the searcher's `source` (its group's name).
+
+A task with an `environment` is multi-turn: each sample is then a whole episode (tba.episodes), generated turn
+by turn with the same sampler, its reward the environment's; π_ref scores the whole sequence and the
+environment's tokens are masked out. An episode that failed is dropped and counted by its end reason.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 
 import torch
 
+from tba.episodes import END_REASONS, Limits, run_episodes
 from tba.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
 from tba.schema import SearchConfig
@@ -34,8 +39,12 @@ class Searcher:
     def __init__(
         self, sampler: Sampler, reference, tokenizer, task: Task, cfg: SearchConfig, *, seed: int,
         shard: int = 0, num_shards: int = 1, source: str = "policy", scoring_temperature: float | None = None,
+        limits: Limits | None = None,
     ):
-        """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature)."""
+        """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature); `limits`: a multi-turn
+        task's episode limits (None = cfg's)."""
+        self.limits = limits or cfg.episode_limits()
+        self.episode_ends = dict.fromkeys(END_REASONS, 0)  # episodes ever ended, by reason
         self.sampler, self.reference, self.tokenizer, self.task, self.cfg = sampler, reference, tokenizer, task, cfg
         self.source = source
         self.scoring_temperature = cfg.temperature if scoring_temperature is None else scoring_temperature
@@ -58,15 +67,18 @@ class Searcher:
         self.rewards_dropped = 0
         self.last_reward_error: str | None = None
         self.reward_metrics: dict[str, float] = {}  # the task's own, of the last batch (each reward function's mean)
+        self.episode_metrics: dict[str, float] = {}  # multi-turn: turns and tokens per episode, of the last batch
 
     def state_dict(self) -> dict:
         return {"cursor": self._cursor, "batches": self.batches, "samples_generated": self.samples_generated,
-                "tokens_generated": self.tokens_generated, "rewards_dropped": self.rewards_dropped}
+                "tokens_generated": self.tokens_generated, "rewards_dropped": self.rewards_dropped,
+                "episode_ends": dict(self.episode_ends)}
 
     def load_state_dict(self, state: dict) -> None:
         self._cursor = state["cursor"] % len(self._order)
         self.batches, self.samples_generated = state["batches"], state["samples_generated"]
         self.tokens_generated, self.rewards_dropped = state["tokens_generated"], state["rewards_dropped"]
+        self.episode_ends.update(state.get("episode_ends", {}))
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """The trainer's policy after `version` updates (`tba.models.synced_tensors` names), any device/dtype."""
@@ -95,22 +107,30 @@ class Searcher:
         prompt_tokens = [self._tokens(p) for p in prompts]
         s = self.cfg.samples_per_prompt
         tok = self.tokenizer
-        t_gen = time.perf_counter()
-        outputs = self.sampler.generate(prompt_tokens, num_samples=s, temperature=self.cfg.temperature,
-                                        top_p=self.cfg.top_p, max_new_tokens=self.cfg.max_new_tokens)
-        self.generate_s += time.perf_counter() - t_gen
+        multi_turn = hasattr(self.task, "environment")
+        if multi_turn:
+            outputs, masks, rewards = self._episodes(prompts, prompt_tokens)
+        else:
+            t_gen = time.perf_counter()
+            outputs = self.sampler.generate(prompt_tokens, num_samples=s, temperature=self.cfg.temperature,
+                                            top_p=self.cfg.top_p, max_new_tokens=self.cfg.max_new_tokens)
+            self.generate_s += time.perf_counter() - t_gen
+            masks = [[] for _ in outputs]
         flat_prompts = [pt for pt in prompt_tokens for _ in range(s)]
         responses = [r for r, _ in outputs]
         ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.scoring_temperature,
                                         tok.pad_token_id)  # [N, R]
-        texts = tok.batch_decode(responses, skip_special_tokens=True)
-        finished = ended_with_eos(responses, tok.eos_token_id)
-        rewards, error = batch_rewards(self.task, [p for p in prompts for _ in range(s)], texts, finished, responses)
-        if error is not None:
-            self.rewards_dropped += sum(r is None for r in rewards)
-            self.last_reward_error = error
-        if hasattr(self.task, "reward_metrics"):
-            self.reward_metrics = self.task.reward_metrics()
+        if not multi_turn:
+            texts = tok.batch_decode(responses, skip_special_tokens=True)
+            finished = ended_with_eos(responses, tok.eos_token_id)
+            rewards, error = batch_rewards(self.task, [p for p in prompts for _ in range(s)], texts, finished,
+                                           responses)
+            if error is not None:
+                self.rewards_dropped += sum(r is None for r in rewards)
+                self.last_reward_error = error
+        if hasattr(self.task, "reward_metrics") or multi_turn:
+            self.reward_metrics = {**(self.task.reward_metrics() if hasattr(self.task, "reward_metrics") else {}),
+                                   **(self.episode_metrics if multi_turn else {})}
         groups = []
         for i, prompt in enumerate(prompts):
             samples = []
@@ -119,13 +139,17 @@ class Searcher:
                 reward = rewards[j]
                 if reward is None:
                     continue
+                ref = ref_logp[j, : len(resp)]
+                if masks[j]:  # the environment's tokens carry no π_ref log-prob: they are not the policy's
+                    ref = ref * torch.tensor(masks[j], dtype=ref.dtype, device=ref.device)
                 samples.append(Sample(
                     response=resp,
-                    ref_logprobs=ref_logp[j, : len(resp)].tolist(),
+                    ref_logprobs=ref.tolist(),
                     reward=reward,
                     version=self.version,
                     behaviour_logprobs=behaviour,
                     source=self.source,
+                    policy_mask=masks[j],
                 ))
             if samples:
                 groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples,
@@ -135,3 +159,27 @@ class Searcher:
         self.last_step_s = time.perf_counter() - t0
         self.busy_s += self.last_step_s
         return groups
+
+    def _episodes(self, prompts: list[Prompt], prompt_tokens: list[list[int]]):
+        """S episodes per prompt: ([(tokens after the prompt, behaviour log-probs)], [policy masks], [reward or
+        None]) prompt-major; failed episodes get None (dropped) and every end is counted by reason."""
+        def generate(contexts, max_new_tokens):
+            t_gen = time.perf_counter()
+            out = self.sampler.generate(contexts, num_samples=1, temperature=self.cfg.temperature,
+                                        top_p=self.cfg.top_p, max_new_tokens=max_new_tokens)
+            self.generate_s += time.perf_counter() - t_gen
+            return out
+
+        episodes = run_episodes(generate, self.tokenizer, self.task, prompts, prompt_tokens,
+                                num_samples=self.cfg.samples_per_prompt, max_new_tokens=self.cfg.max_new_tokens,
+                                limits=self.limits)
+        turns = [e.turns for e in episodes]
+        for e in episodes:
+            self.episode_ends[e.end] += 1
+            if e.reward is None:
+                self.rewards_dropped += 1
+                self.last_reward_error = f"prompt {e.prompt.id}: episode ended by {e.end}: {e.error}"
+        self.episode_metrics = {"episode/turns_mean": sum(turns) / max(len(turns), 1),
+                                "episode/tokens_mean": sum(len(e.tokens) for e in episodes) / max(len(episodes), 1)}
+        return ([(e.tokens, e.logprobs) for e in episodes], [e.mask for e in episodes],
+                [e.reward for e in episodes])

@@ -16,9 +16,12 @@ Schema (the `seq` of a group is its acceptance order, 1-based; replaying groups 
                                                     store written before sources existed gets the column,
                                                     every group "policy", when it is opened for writing)
     syncs(after_seq, step)                          a weight publication (new recency window) after group seq
-    samples(seq, idx, version, reward, response, ref_logprobs, behaviour_logprobs)
+    samples(seq, idx, version, reward, response, ref_logprobs, behaviour_logprobs, policy_mask)
                                                     response int32 bytes, log-probs float32 bytes (lossless:
-                                                    they were computed in float32)
+                                                    they were computed in float32); policy_mask uint8 bytes
+                                                    for a multi-turn episode (1 = the policy's token), NULL
+                                                    otherwise (a store written before episodes gets the column
+                                                    when it is opened for writing)
     snapshots(upto, sync_rowid, state, items)       the in-memory buffer after group `upto` (one per checkpoint):
                                                     its prompts in order and (seq, idx) references to the items
     meta(key, value)                                `groups`: groups ever accepted (the next seq is groups + 1)
@@ -52,7 +55,7 @@ CREATE TABLE IF NOT EXISTS groups(seq INTEGER PRIMARY KEY, prompt_id INTEGER NOT
                                   time REAL NOT NULL, source TEXT NOT NULL DEFAULT 'policy');
 CREATE TABLE IF NOT EXISTS samples(seq INTEGER NOT NULL, idx INTEGER NOT NULL, version INTEGER NOT NULL,
                                    reward REAL NOT NULL, response BLOB NOT NULL, ref_logprobs BLOB NOT NULL,
-                                   behaviour_logprobs BLOB NOT NULL, PRIMARY KEY(seq, idx));
+                                   behaviour_logprobs BLOB NOT NULL, policy_mask BLOB, PRIMARY KEY(seq, idx));
 CREATE TABLE IF NOT EXISTS syncs(after_seq INTEGER NOT NULL, step INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS snapshots(upto INTEGER PRIMARY KEY, sync_rowid INTEGER NOT NULL, state TEXT NOT NULL,
                                      items BLOB NOT NULL);
@@ -115,6 +118,11 @@ class BufferStore:
             with self.db:
                 self.db.execute("ALTER TABLE groups ADD COLUMN source TEXT NOT NULL DEFAULT 'policy'")
         self._source = "g.source" if "source" in columns or not readonly else "'policy'"
+        sample_columns = {row[1] for row in self.db.execute("PRAGMA table_info(samples)")}
+        if "policy_mask" not in sample_columns and not readonly:  # written before episodes: all single-turn
+            with self.db:
+                self.db.execute("ALTER TABLE samples ADD COLUMN policy_mask BLOB")
+        self._mask = "s.policy_mask" if "policy_mask" in sample_columns or not readonly else "NULL"
         counted = self.db.execute("SELECT value FROM meta WHERE key = 'groups'").fetchone()
         last = self.db.execute("SELECT coalesce(max(seq), 0) FROM groups").fetchone()[0]
         self.accepted = counted[0] if counted else last  # compaction may have removed the last groups' rows
@@ -134,9 +142,10 @@ class BufferStore:
                 for seq, g in enumerate(groups, first):
                     rows.append((seq, g.prompt_id, step, now, g.source))
                     sample_rows += [(seq, i, s.version, s.reward, _ints(s.response), _floats(s.ref_logprobs),
-                                     _floats(s.behaviour_logprobs)) for i, s in enumerate(g.samples)]
+                                     _floats(s.behaviour_logprobs), _mask(s.policy_mask))
+                                    for i, s in enumerate(g.samples)]
                 self.db.executemany("INSERT INTO groups VALUES (?, ?, ?, ?, ?)", rows)
-                self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?)", sample_rows)
+                self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", sample_rows)
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?)", (first + len(groups) - 1,))
         except sqlite3.OperationalError as e:
             raise StoreError(f"could not persist {len(groups)} groups to {self.path}: {e} "
@@ -170,15 +179,15 @@ class BufferStore:
         prompts = self.prompt_tokens()
         rows = self.db.execute(
             f"SELECT g.seq, g.prompt_id, g.step, {self._source}, s.version, s.reward, s.response, s.ref_logprobs, "
-            "s.behaviour_logprobs FROM groups g JOIN samples s ON s.seq = g.seq "
+            f"s.behaviour_logprobs, {self._mask} FROM groups g JOIN samples s ON s.seq = g.seq "
             "WHERE g.seq > ? AND g.seq <= ? ORDER BY g.seq, s.idx", (start, stop))
         current, samples, meta = None, [], None
-        for seq, pid, step, source, *sample in rows:
+        for seq, pid, step, source, *sample, mask in rows:
             if seq != current and current is not None:
                 yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples, meta[3])
                 samples = []
             current, meta = seq, (seq, pid, step, source)
-            samples.append(_sample(*sample, source))
+            samples.append(_sample(*sample, source, mask))
         if current is not None:
             yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples, meta[3])
 
@@ -213,7 +222,8 @@ class BufferStore:
         for lo, hi in _spans(sorted({seq for seq, _ in wanted})):
             for seq, idx, *sample in self.db.execute(
                     f"SELECT s.seq, s.idx, s.version, s.reward, s.response, s.ref_logprobs, s.behaviour_logprobs, "
-                    f"{self._source} FROM samples s JOIN groups g ON g.seq = s.seq WHERE s.seq >= ? AND s.seq <= ?",
+                    f"{self._source}, {self._mask} FROM samples s JOIN groups g ON g.seq = s.seq "
+                    "WHERE s.seq >= ? AND s.seq <= ?",
                     (lo, hi)):
                 if (seq, idx) in wanted:
                     out[seq, idx] = _sample(*sample)
@@ -283,9 +293,14 @@ class BufferStore:
         self.db.close()
 
 
-def _sample(version, reward, response, ref, behaviour, source) -> Sample:
+def _mask(policy_mask: list[int]) -> bytes | None:
+    return np.asarray(policy_mask, dtype="u1").tobytes() if policy_mask else None
+
+
+def _sample(version, reward, response, ref, behaviour, source, mask=None) -> Sample:
     return Sample(np.frombuffer(response, "<i4").tolist(), np.frombuffer(ref, "<f4").tolist(), reward, version,
-                  np.frombuffer(behaviour, "<f4").tolist(), source)
+                  np.frombuffer(behaviour, "<f4").tolist(), source,
+                  np.frombuffer(mask, "u1").tolist() if mask else [])
 
 
 def _spans(seqs: list[int], gap: int = 64) -> Iterator[tuple[int, int]]:

@@ -26,6 +26,9 @@ class Sample:
     Empty for completions from elsewhere (tba.offline_data): their behaviour policy is unknown."""
     source: str = "policy"
     """Who produced it: a searcher group's name (search.groups; "policy" by default) or the data's (data.name)."""
+    policy_mask: list[int] = field(default_factory=list)
+    """Multi-turn episodes (tba.episodes): 1 where `response` holds a policy token, 0 where the environment's
+    text is; their ref/behaviour log-probs are 0.0. Empty = every token is the policy's (single-turn)."""
 
     @property
     def ref_logprob_sum(self) -> float:

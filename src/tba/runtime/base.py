@@ -160,8 +160,21 @@ def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None
             "searcher/rewards_dropped": sum(x.state["rewards_dropped"] for x in s),
         })
     stats.update(mean_reward_metrics([x.reward_metrics for x in s]))
+    stats.update(episode_ends([x.state for x in s]))
     reward_error = next((x.reward_error for x in s if x.reward_error), None)  # lowest rank first
     return RuntimeReport(stats, list(states), placement, reward_error)
+
+
+def episode_ends(states: list[dict]) -> dict[str, float]:
+    """Multi-turn tasks: episodes ever ended, by reason (tba.episodes.END_REASONS), summed over the searchers —
+    `episode/ended_<reason>`; nothing for a single-turn run."""
+    totals: dict[str, int] = {}
+    for state in states:
+        for reason, n in state.get("episode_ends", {}).items():
+            totals[reason] = totals.get(reason, 0) + n
+    if not any(totals.values()):
+        return {}
+    return {f"episode/ended_{reason}": float(n) for reason, n in totals.items()}
 
 
 def mean_reward_metrics(per_searcher: list[dict[str, float]]) -> dict[str, float]:

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 
-from tba.runtime.base import RuntimeParts, build_sampler, mean_reward_metrics, restore_searcher
+from tba.runtime.base import RuntimeParts, build_sampler, episode_ends, mean_reward_metrics, restore_searcher
 from tba.seam import RuntimeReport
 from tba.searcher import Searcher
 from tba.types import Group
@@ -60,7 +60,8 @@ class InlineRuntime:
                  "searcher/version_min": min(s.version for s in self.all),
                  "searcher/rewards_dropped": sum(s.rewards_dropped for s in self.all), "searcher/restarts": 0,
                  "searcher/quantize_s": sum(getattr(s.sampler, "quantize_s", 0.0) for s in self.all),
-                 **mean_reward_metrics([s.reward_metrics for s in self.all])}
+                 **mean_reward_metrics([s.reward_metrics for s in self.all]),
+                 **episode_ends([s.state_dict() for s in self.all])}
         placement = [{"rank": i, "pid": os.getpid(), "host": socket.gethostname()} for i in range(len(self.all))]
         error = next((s.last_reward_error for s in self.all if s.last_reward_error), None)
         return RuntimeReport(stats, [s.state_dict() for s in self.all], placement, error)

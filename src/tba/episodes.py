@@ -1,0 +1,254 @@
+"""Multi-turn episodes: the policy acts, an environment answers, until the episode ends with a reward.
+
+A task becomes multi-turn by defining `environment(prompt)`, which returns a fresh `Environment` for one
+episode (TRL's `environment_factory`: one instance per rollout). The environment sees the policy's turns as
+text and answers with text:
+
+    env.reset(prompt)          optional; called once before the first turn
+    env.step(action) -> str | None
+                               the text that follows the policy's turn (a tool result, feedback, the next user
+                               turn — tokenized as it is: a chat model's turn markers are the environment's to
+                               write, `chat_turn` renders them) or None: the episode is over
+    env.get_reward() -> float  the episode's reward, asked once it is over (also after a turn or token limit)
+
+**Token-exact trajectories.** A policy turn's tokens are kept exactly as sampled and the context of the next
+turn is built from token ids, never by re-tokenizing text; the environment's text is tokenized once, when it
+arrives. An episode is one `Sample` whose `response` is everything after the prompt and whose `policy_mask`
+marks the policy's tokens (1) and the environment's (0). With log π summed over the policy's tokens only,
+
+    log π_θ(τ) − log π_ref(τ) = Σ_{policy tokens t} [log π_θ(y_t|h_t) − log π_ref(y_t|h_t)]
+
+because the environment's transition probabilities are the same factor in both: TB's residual, every
+objective and every log-prob in tba read the mask (tba.trainer), and single-turn samples (empty mask) are
+unchanged. What this does *not* make exact in a stochastic environment is the trajectory target
+π_ref(τ)·exp(r/β)/Z — see tba.tasks.enumerable_turns and docs/environments.md.
+
+**Faults end an episode, never the run.** `reset`/`step`/`get_reward` run with a timeout (`timeout_s`) in a
+worker thread; an exception, a timeout, a non-string answer, the turn limit and the token budget each end the episode
+with a counted reason (`END_REASONS`). An episode that failed (`error`, `timeout`, `bad_observation`) has no
+trustworthy reward and is dropped; one cut by a limit is kept and scored by `get_reward`. A thread that hangs
+cannot be killed from Python: it is abandoned (and counted), and the episode goes on without it.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tba.tasks.base import Prompt
+
+END_REASONS = ("done", "max_turns", "token_budget", "error", "timeout", "bad_observation")
+"""Why an episode ended: the environment ended it, the turn limit, the token budget (prompt excluded), the
+environment raised, did not answer within its timeout, or answered with something that is not text."""
+FAILED = frozenset({"error", "timeout", "bad_observation"})
+
+
+class Environment(Protocol):
+    def step(self, action: str) -> str | None:
+        """The text after the policy's turn `action` (decoded, special tokens removed), or None to end."""
+
+    def get_reward(self) -> float:
+        """The episode's reward, once it is over."""
+
+
+@dataclass
+class Limits:
+    """An episode's limits: policy turns, and tokens after the prompt (policy's and environment's)."""
+
+    max_turns: int = 4
+    max_tokens: int = 256
+    timeout_s: float = 10.0
+
+
+@dataclass
+class Episode:
+    prompt: Prompt
+    prompt_tokens: list[int]
+    env: Environment
+    tokens: list[int] = field(default_factory=list)
+    """Everything after the prompt, policy and environment tokens interleaved."""
+    mask: list[int] = field(default_factory=list)
+    """1 for a policy token, 0 for an environment token."""
+    logprobs: list[float] = field(default_factory=list)
+    """Behaviour log-probs of the policy's tokens; 0.0 at the environment's."""
+    turns: int = 0
+    end: str | None = None
+    reward: float | None = None
+    error: str | None = None
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_tokens + self.tokens
+
+
+class _Caller:
+    """Calls the environment in one daemon worker thread, waiting at most `timeout_s` for each call. A worker
+    that hangs is abandoned (a daemon: it cannot keep the process from exiting) and a fresh one takes over.
+    One long-lived worker rather than a thread per call: starting a thread costs ≈ 1 ms on a busy 2-core
+    machine, more than most environments' whole step."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._start()
+
+    def _start(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._work, args=(self.jobs,), daemon=True, name="tba-env").start()
+
+    @staticmethod
+    def _work(jobs: queue.SimpleQueue) -> None:
+        while (job := jobs.get()) is not None:
+            fn, args, box, done = job
+            try:
+                box["value"] = fn(*args)
+            except BaseException:
+                box["error"] = traceback.format_exc(limit=-2).strip()
+            done.set()
+
+    def __call__(self, fn, *args):
+        """(value, None) or (None, (reason, text)) for `fn(*args)`: its exception caught, its hang timed out."""
+        box, done = {}, threading.Event()
+        self.jobs.put((fn, args, box, done))
+        if not done.wait(self.timeout_s):
+            self._start()
+            return None, ("timeout", f"{getattr(fn, '__qualname__', fn)} did not return within {self.timeout_s} s")
+        if "error" in box:
+            return None, ("error", box["error"])
+        return box.get("value"), None
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+
+def run_episodes(generate, tokenizer, task, prompts: list[Prompt], prompt_tokens: list[list[int]], *,
+                 num_samples: int, max_new_tokens: int, limits: Limits) -> list[Episode]:
+    """`num_samples` episodes of each prompt (prompt-major), all advanced one turn at a time.
+
+    `generate(contexts, max_new_tokens)` returns (token ids, log-probs) per context: the searcher's sampler at
+    its temperature, or greedy decoding in evaluation. Each turn generates at most `max_new_tokens`, and never
+    past the episode's token budget.
+    """
+    call = _Caller(limits.timeout_s)
+    try:
+        return _run(call, generate, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits)
+    finally:
+        call.close()
+
+
+def _run(call, generate, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits):
+    episodes = []
+    for p, toks in zip(prompts, prompt_tokens, strict=True):
+        for _ in range(num_samples):
+            env = task.environment(p)
+            episodes.append(Episode(p, toks, env))
+            if hasattr(env, "reset"):
+                _, fault = call(env.reset, p)
+                if fault:
+                    _end(episodes[-1], *fault)
+    for _ in range(limits.max_turns):
+        active = [e for e in episodes if e.end is None]
+        if not active:
+            break
+        budget = [min(max_new_tokens, limits.max_tokens - len(e.tokens)) for e in active]
+        for e, n in zip(active, budget, strict=True):
+            if n <= 0:
+                _end(e, "token_budget")
+        active = [(e, n) for e, n in zip(active, budget, strict=True) if n > 0]
+        by_budget: dict[int, list[Episode]] = {}
+        for e, n in active:
+            by_budget.setdefault(n, []).append(e)
+        for n, group in by_budget.items():
+            for e, (ids, lps) in zip(group, generate([e.context for e in group], n), strict=True):
+                e.tokens += ids
+                e.mask += [1] * len(ids)
+                e.logprobs += lps if lps else [0.0] * len(ids)
+                e.turns += 1
+        for e, _ in active:
+            _answer(call, e, tokenizer, limits)
+    for e in episodes:
+        if e.end is None:
+            _end(e, "max_turns")
+        if e.end not in FAILED:
+            value, fault = call(e.env.get_reward)
+            try:
+                reward = float(value)
+            except (TypeError, ValueError):
+                reward = math.nan
+            if fault:
+                e.end, e.error = fault
+            elif not math.isfinite(reward):
+                e.end, e.error = "error", f"get_reward returned {value!r}"
+            else:
+                e.reward = reward
+    return episodes
+
+
+def _answer(call, e: Episode, tokenizer, limits: Limits) -> None:
+    """The environment's answer to the policy's last turn, appended as environment tokens (or the episode's end)."""
+    turn = e.tokens[len(e.tokens) - _last_turn_length(e):]
+    action = tokenizer.decode(turn, skip_special_tokens=True)
+    text, fault = call(e.env.step, action)
+    if fault:
+        _end(e, *fault)
+    elif text is None:
+        _end(e, "done")
+    elif not isinstance(text, str):
+        _end(e, "bad_observation", f"step returned {type(text).__name__}, not str or None")
+    elif e.turns >= limits.max_turns:
+        _end(e, "max_turns")
+    else:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(e.tokens) + len(ids) >= limits.max_tokens:
+            _end(e, "token_budget")  # no room for the observation and a policy turn after it
+            return
+        e.tokens += ids
+        e.mask += [0] * len(ids)
+        e.logprobs += [0.0] * len(ids)
+
+
+def _last_turn_length(e: Episode) -> int:
+    n = 0
+    for m in reversed(e.mask):
+        if not m:
+            break
+        n += 1
+    return n
+
+
+def _end(e: Episode, reason: str, error: str | None = None) -> None:
+    e.end, e.error = reason, error
+
+
+def turns(policy_mask: list[int]) -> list[tuple[bool, int, int]]:
+    """An episode's turns: (the policy's?, start, end) spans of equal mask values, in order."""
+    spans, start = [], 0
+    for i in range(1, len(policy_mask) + 1):
+        if i == len(policy_mask) or policy_mask[i] != policy_mask[start]:
+            spans.append((bool(policy_mask[start]), start, i))
+            start = i
+    return spans
+
+
+def chat_turn(tokenizer, role: str, content: str) -> str:
+    """The text a chat template puts after an assistant turn for a `role` message (user, tool, …) with
+    `content`, up to the next assistant turn's start — what an environment returns so that a chat model sees
+    its usual format. Rendered as the difference of two renderings (template text before the assistant's
+    reply is not repeated). A tokenizer without a chat template gets `\\n{content}\\n`."""
+    if not getattr(tokenizer, "chat_template", None):
+        return f"\n{content}\n"
+    base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    before = tokenizer.apply_chat_template(base, tokenize=False)
+    after = tokenizer.apply_chat_template([*base, {"role": role, "content": content}], tokenize=False,
+                                          add_generation_prompt=True)
+    # the policy's turn ended with EOS (the template's end-of-turn token): what follows EOS is the environment's
+    marker = "y" + (tokenizer.eos_token or "")
+    cut = before.rfind(marker)
+    prefix = before[:cut + len(marker)] if cut >= 0 else before
+    if not after.startswith(prefix):
+        raise ValueError("the chat template renders a conversation differently once a turn is added; "
+                         "write the environment's turn text yourself")
+    return after[len(prefix):]

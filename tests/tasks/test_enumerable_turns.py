@@ -1,0 +1,92 @@
+"""enumerable_turns: the exact optimum over two-turn trajectories, the trajectory target and its floor, the
+environment's draws, and TB reaching the optimum from its own episodes."""
+
+import json
+
+import pytest
+import torch
+
+from tba.build import train
+from tba.config import load_config
+from tba.models import build_tiny_model, train_tokenizer
+from tba.schema import TinyModelConfig
+from tba.tasks import TASKS
+from tba.tasks.base import Scoring
+from tba.tasks.enumerable_turns import EnumerableTurnsTask
+
+QUIET = ["logging.progress=false", "logging.tensorboard=false", "threads=1", "search.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def small():
+    """2 symbols, length 1: V = 5, |Y| = 5 per turn (EOS, or one of the 4 other tokens), 5·2·5 trajectories; a
+    model with large random weights, so that π_ref is far from uniform."""
+    tok = train_tokenizer(EnumerableTurnsTask(symbols=2).corpus(), 128)
+    model = build_tiny_model(tok, TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64),
+                             seed=0).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return tok, model
+
+
+def test_the_optimum_is_the_soft_bellman_one(small):
+    """For any policy π of the product form, E_π[r]/β − KL(π‖π_ref) = log Z₁ − KL(π‖π°) (the soft-Bellman
+    identity; the environment's P(o|y₁) cancels because o is drawn from it under every policy). At π = π_ref both
+    sides are known from one evaluation: E_ref[r]/β + KL(π_ref‖π°) = E_π°[r]/β − KL(π°‖π_ref). The trajectory
+    target π*_traj satisfies no such identity, and with a stochastic environment it is out of every policy's
+    reach: the floor is positive."""
+    tok, model = small
+    beta = 0.3
+    for stochastic in (True, False):
+        task = EnumerableTurnsTask(symbols=2, length=1, stochastic=stochastic, min_prob=0.1, obs_step=0.45)
+        m = task.exact_metrics(model, model, tok, Scoring(temperature=1.0, max_new_tokens=1, beta=beta))
+        assert m["policy_mass"] == pytest.approx(1.0, abs=1e-6)
+        lhs = m["expected_reward"] / beta + m["kl_reverse"]
+        rhs = m["target_expected_reward"] / beta - m["kl_to_target"]
+        assert lhs == pytest.approx(rhs, abs=1e-6)
+        if stochastic:
+            assert m["trajectory_target_floor"] > 1e-3
+            assert m["kl_to_trajectory_target"] > m["trajectory_target_floor"]
+        else:  # o a function of y₁: the two targets coincide
+            assert m["trajectory_target_floor"] == pytest.approx(0, abs=1e-12)
+            assert m["kl_to_trajectory_target"] == pytest.approx(m["kl_to_target"], abs=1e-9)
+
+
+def test_the_environment_draws_from_its_table_and_scores_both_answers():
+    task = EnumerableTurnsTask(symbols=3, length=2, seed=0, min_prob=0.3)
+    probs = task.observation_probs("01")
+    assert sum(probs) == pytest.approx(1) and min(probs) >= 0.1 - 1e-12
+    counts = dict.fromkeys(task.alphabet, 0)
+    for _ in range(3000):
+        env = task.environment(task.train[0])
+        counts[env.step("01")] += 1
+        assert env.step(task.obs_centres[env.observation]) is None
+        first = task.decay ** sum(a != b for a, b in zip("01", task.centre, strict=True))
+        assert env.get_reward() == pytest.approx((first + task.obs_heights[env.observation]) / 2)
+    assert all(abs(counts[o] / 3000 - p) < 0.04 for o, p in zip(task.alphabet, probs, strict=True))
+    env = task.environment(task.train[0])
+    env.step("0")  # too short: junk, whatever comes next
+    env.step("00")
+    assert env.get_reward() == -1.0
+    assert "enumerable_turns" in TASKS and TASKS["enumerable_turns"].builtin_model
+
+
+def run(tmp_path, *overrides):
+    cfg = load_config("enumerable_turns_cpu", [f"output_dir={tmp_path}", *QUIET, *overrides])
+    summary = train(cfg, log=lambda m: None, overwrite=True)
+    return summary, [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tb_on_its_own_episodes_reaches_the_optimum(tmp_path, seed):
+    """Searchers synced every update (k = 1), a stochastic environment. Measured: see the floor below."""
+    summary, metrics = run(tmp_path, f"seed={seed}", "trainer.steps=300", "eval.every_steps=300")
+    start, end = summary["eval_start"], summary["eval_end"]
+    assert start["kl_to_target"] > 1.5 and end["kl_to_target"] < FLOOR, (start, end)
+    assert abs(end["policy_mass"] - 1) < 1e-4
+    assert metrics[-1]["episode/ended_done"] > 0 and "episode/ended_error" not in metrics[-1]
+
+
+FLOOR = 0.05
