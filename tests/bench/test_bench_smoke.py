@@ -69,6 +69,22 @@ def test_fixed_point_bench_smoke(tmp_path, run_bench):
     assert results.with_suffix(".png").is_file() and "| never, T_b=1.5 | tb | 0 |" in text and "torch" in text
 
 
+@pytest.mark.slow
+def test_multiturn_bench_smoke(tmp_path, run_bench):
+    """Two conditions, one seed, 4 updates: the table, the exact predicted fixed point (0 for a deterministic
+    environment, positive for a stochastic one) and the plot."""
+    results = tmp_path / "multiturn.md"
+    run_bench("bench.claims.multiturn", ["--smoke", "--seeds", "0", "--conditions", "stochastic, never",
+                                         "deterministic, never", "--workers", "2", "--out", str(tmp_path / "out"),
+                                         "--results", str(results)])
+    rows = rows_of(results)
+    assert len(rows) == 2 and all(len(r["kl"]) == 3 and abs(r["policy_mass"] - 1) < 1e-4 for r in rows)
+    stochastic, deterministic = rows
+    assert stochastic["fixed_point_kl_never"] > 1e-4 and abs(deterministic["fixed_point_kl_never"]) < 1e-8
+    assert stochastic["floor"] > 0.01 and deterministic["floor"] == 0
+    assert results.with_suffix(".png").is_file()
+
+
 def test_fixed_point_sampler_patch_is_undone_after_each_run(bench_script):
     """Pool workers run many jobs: a behaviour-temperature patch must not leak into the next run."""
     fixed_point = bench_script("bench.claims.fixed_point")

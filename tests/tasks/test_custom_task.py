@@ -31,8 +31,8 @@ def test_bad_task_specs_name_the_key():
     with pytest.raises(ConfigError, match="task.name: cannot load .*make_nothing"):
         load_custom_task(f"{EXAMPLE}:make_nothing", {})
     with pytest.raises(ConfigError,
-                       match="task.name: must be one of arith, reasoning_gym, enumerable, gsm8k, tldr, redteam, "
-                             "dataset or module:factory"):
+                       match="task.name: must be one of arith, reasoning_gym, enumerable, enumerable_turns, "
+                             "tool_arith, gsm8k, tldr, redteam, dataset or module:factory"):
         load_config(None, ["task.name=countdown"])
 
 

@@ -25,9 +25,11 @@ def build_task(spec: TaskSpec, tokenizer=None) -> Task:
         raise ConfigError(f"task.options.{clash[0]}: set task.{clash[0]} instead")
     task = call_with_options(load_object(spec.target, "task.name"), options, "task.options",
                              train_size=spec.train_size, test_size=spec.test_size)
-    missing = [a for a in ("name", "train", "test", "reward") if not hasattr(task, a)]
+    scored_by = "environment" if hasattr(task, "environment") else "reward"  # multi-turn: the environment scores
+    missing = [a for a in ("name", "train", "test", scored_by) if not hasattr(task, a)]
     if missing:
-        raise ConfigError(f"task.name: {spec.target} returned {type(task).__name__}, which lacks {', '.join(missing)}")
+        raise ConfigError(f"task.name: {spec.target} returned {type(task).__name__}, which lacks {', '.join(missing)} "
+                          "(a task scores completions with `reward`, or episodes with `environment`)")
     if not task.train or not task.test:
         raise ConfigError(f"task.name: {spec.target} returned no train or no test prompts")
     if tokenizer is not None:
@@ -38,7 +40,10 @@ def build_task(spec: TaskSpec, tokenizer=None) -> Task:
 def apply_chat_template(task, tokenizer, every_prompt: bool = True) -> None:
     """Rewrite prompts as `tokenizer`'s chat rendering, ready for the assistant reply: prompts given as chat
     messages (`meta["messages"]`, e.g. the dataset task's conversational rows) always, and with `every_prompt`
-    (task.chat_template) every other prompt too, as one user turn."""
+    (task.chat_template) every other prompt too, as one user turn. A task with a `tokenizer` attribute gets this
+    tokenizer (a multi-turn task renders its environment's turns with it: tba.episodes.chat_turn)."""
+    if hasattr(task, "tokenizer"):
+        task.tokenizer = tokenizer
     chat = any("messages" in p.meta for p in task.train + task.test)
     if not every_prompt and not chat:
         return
