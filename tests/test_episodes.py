@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from chars import CharTokenizer
 
 from tba.buffer import Draw
 from tba.episodes import FAILED, Limits, chat_turn, run_episodes, turns
@@ -17,16 +18,6 @@ from tba.store import BufferStore
 from tba.tasks.base import Prompt
 from tba.trainer import Trainer
 from tba.types import Group, Sample
-
-
-class FakeTokenizer:
-    """Characters are tokens: 'a' → 97. decode skips nothing (there are no specials)."""
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [ord(c) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids)
 
 
 class ScriptedEnv:
@@ -66,7 +57,7 @@ LIMITS = Limits(max_turns=4, max_tokens=64, timeout_s=0.5)
 
 def episodes(task, *, text="ab", limits=LIMITS, n=1):
     prompt = Prompt(0, "Q", "")
-    return run_episodes(policy_says(text), FakeTokenizer(), task, [prompt], [[ord("Q")]], num_samples=n,
+    return run_episodes(policy_says(text), CharTokenizer(), task, [prompt], [[ord("Q")]], num_samples=n,
                         max_new_tokens=8, limits=limits)
 
 

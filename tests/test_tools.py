@@ -5,6 +5,7 @@ import math
 import time
 
 import pytest
+from chars import CharTokenizer
 
 from tba.episodes import Limits, run_episodes
 from tba.tasks.base import Prompt
@@ -63,14 +64,6 @@ def test_tool_calls_are_parsed_and_every_malformed_one_says_why():
             parse_tool_calls(bad, TOOLS)
 
 
-class FakeTokenizer:
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": [ord(c) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(i) for i in ids)
-
-
 class ToolTask:
     def __init__(self, tools):
         self.tools = tools
@@ -91,7 +84,7 @@ def scripted_policy(turns):
 
 
 def episode(turns, tools=(add, broken, slow)):
-    (e,) = run_episodes(scripted_policy(turns), FakeTokenizer(), ToolTask(list(tools)), [Prompt(0, "Q", "")],
+    (e,) = run_episodes(scripted_policy(turns), CharTokenizer(), ToolTask(list(tools)), [Prompt(0, "Q", "")],
                         [[ord("Q")]], num_samples=1, max_new_tokens=200,
                         limits=Limits(max_turns=4, max_tokens=1000, timeout_s=0.5))
     return e
@@ -99,7 +92,7 @@ def episode(turns, tools=(add, broken, slow)):
 
 def test_a_tool_result_is_the_next_turn_and_a_plain_answer_ends_the_episode():
     e = episode(['<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', "5"])
-    text = FakeTokenizer().decode(e.tokens)
+    text = CharTokenizer().decode(e.tokens)
     assert e.end == "done" and e.reward == 1.0 and e.env.calls == 1 and "\n5\n" in text
     assert [t for t, m in zip(text, e.mask, strict=True) if not m] == list("\n5\n")  # only the result is the env's
 
@@ -107,7 +100,7 @@ def test_a_tool_result_is_the_next_turn_and_a_plain_answer_ends_the_episode():
 def test_a_malformed_call_is_an_observation_and_a_broken_or_hung_tool_ends_the_episode():
     e = episode(['<tool_call>{"name": "mul", "arguments": {}}</tool_call>', "5"])
     assert e.end == "done" and e.reward == 1.0 and e.env.malformed == 1
-    assert "no tool named" in FakeTokenizer().decode(e.tokens)
+    assert "no tool named" in CharTokenizer().decode(e.tokens)
     e = episode(['<tool_call>{"name": "broken", "arguments": {"x": 1}}</tool_call>'])
     assert e.end == "error" and "the tool is down" in e.error and e.reward is None
     t0 = time.perf_counter()

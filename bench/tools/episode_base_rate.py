@@ -57,7 +57,8 @@ def main() -> None:
         examples.append(f"- prompt {e.prompt.id} ({e.end}, reward {e.reward}): " + " ".join(parts).replace("\n", "⏎"))
     out = RESULTS / "episode_base_rate" / f"{args.recipe}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    body = (f"## Sampled episodes of the starting policy ({args.prompts} held-out prompts × {args.samples}, "
+    body = (f"## Sampled episodes of the starting policy ({args.prompts} held-out prompts × {args.samples} = "
+            f"{args.prompts * args.samples} episodes, "
             f"T = {args.temperature})\n\n```json\n{json.dumps(metrics, indent=1)}\n```\n\n"
             "## Three greedy episodes, decoded\n\n" + "\n".join(examples) + "\n")
     out.write_text(header(__spec__.name, f"recipe: {args.recipe}, before any training") + body)
