@@ -126,3 +126,15 @@ def test_an_episode_survives_a_checkpoint_and_resume(tmp_path):
     buffer.restore(None)
     (draw,) = buffer.sample(1, 8)
     assert all(0 in s.policy_mask and list(s.policy_mask) == stored[tuple(s.response)] for s in draw.samples)
+
+
+@pytest.mark.slow
+def test_episodes_generate_with_the_vllm_engine(tmp_path):
+    """search.backend=vllm, inline: the engine generates each turn from the episode's token ids and reloads the
+    published weights (the tiny model at hidden 128: a head size vLLM's CPU attention takes)."""
+    pytest.importorskip("vllm")
+    summary, metrics = run(tmp_path, "search.backend=vllm", "search.vllm.kv_cache_gb=0.25",
+                           "model.tiny.hidden_size=128", "trainer.steps=6", "eval.every_steps=6",
+                           "search.samples_per_prompt=16", "trainer.samples_per_prompt=4", "buffer.prefill_samples=16")
+    assert metrics[-1]["searcher/version_min"] == 6 and metrics[-1]["episode/ended_done"] >= 16 * 7
+    assert summary["eval_end"]["kl_to_target"] < summary["eval_start"]["kl_to_target"]
