@@ -48,28 +48,12 @@ def tabular_fixed_point(init_dir: str, options: dict, beta: float, max_new_token
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tba.tasks.enumerable import response_space
-    from tba.tasks.enumerable_turns import EnumerableTurnsTask, _logps
+    from tba.tasks.enumerable_turns import EnumerableTurnsTask, soft_bellman
 
     tok, model = AutoTokenizer.from_pretrained(init_dir), AutoModelForCausalLM.from_pretrained(init_dir).eval()
-    task = EnumerableTurnsTask(**options)
-    prompt = tok(task.test[0].text)["input_ids"]
-    ys = response_space(model.config.vocab_size, tok.eos_token_id, max_new_tokens)
-    n, s = len(ys), task.symbols
-    texts = tok.batch_decode(ys, skip_special_tokens=True)
-    obs = [tok(o, add_special_tokens=False)["input_ids"] for o in task.alphabet]
-    f64 = torch.float64
-    with torch.no_grad():
-        ref1 = torch.tensor(_logps(model, [prompt] * n, ys, 1.0, tok.pad_token_id), dtype=f64)  # [n]
-        ctx = [prompt + ys[i] + obs[k] for i in range(n) for k in range(s)]
-        ref2 = torch.tensor(_logps(model, [c for c in ctx for _ in ys], [y for _ in ctx for y in ys], 1.0,
-                                   tok.pad_token_id), dtype=f64).view(n, s, n)  # [y₁, o, y₂]
-    p_obs = torch.tensor([task.observation_probs(t) for t in texts], dtype=f64)  # [n, s]
-    r = torch.tensor([[[task.trajectory_reward(texts[i], task.alphabet[k], texts[j]) for j in range(n)]
-                       for k in range(s)] for i in range(n)], dtype=f64)
-    log_z2 = torch.logsumexp(ref2 + r / beta, -1)  # [n, s]
-    opt1 = torch.log_softmax(ref1 + (p_obs * log_z2).sum(-1), 0)  # log π°(y₁)
-    opt2 = ref2 + r / beta - log_z2[..., None]  # log π°(y₂ | y₁ o)
+    t = EnumerableTurnsTask(**options).tables(model, model, tok, max_new_tokens, 1.0)
+    ref1, ref2, p_obs, r = t.ref1, t.ref2, t.p_obs, t.reward
+    opt1, opt2 = soft_bellman(ref1, ref2, p_obs, r, beta)
     w_opt = opt1.exp()[:, None, None] * p_obs[..., None] * opt2.exp()
 
     def minimiser_kl(mu1, mu2) -> tuple[float, float]:

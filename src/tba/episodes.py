@@ -189,8 +189,8 @@ def _run(call, generate, tokenizer, task, prompts, prompt_tokens, num_samples, m
 
 def _answer(call, e: Episode, tokenizer, limits: Limits) -> None:
     """The environment's answer to the policy's last turn, appended as environment tokens (or the episode's end)."""
-    turn = e.tokens[len(e.tokens) - _last_turn_length(e):]
-    action = tokenizer.decode(turn, skip_special_tokens=True)
+    _, start, end = turns(e.mask)[-1]  # the policy's turn just generated
+    action = tokenizer.decode(e.tokens[start:end], skip_special_tokens=True)
     text, fault = call(e.env.step, action)
     if fault:
         _end(e, *fault)
@@ -208,15 +208,6 @@ def _answer(call, e: Episode, tokenizer, limits: Limits) -> None:
         e.tokens += ids
         e.mask += [0] * len(ids)
         e.logprobs += [0.0] * len(ids)
-
-
-def _last_turn_length(e: Episode) -> int:
-    n = 0
-    for m in reversed(e.mask):
-        if not m:
-            break
-        n += 1
-    return n
 
 
 def _end(e: Episode, reason: str, error: str | None = None) -> None:

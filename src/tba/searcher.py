@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from tba.episodes import END_REASONS, Limits, run_episodes
+from tba.episodes import END_REASONS, run_episodes
 from tba.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
 from tba.schema import SearchConfig
@@ -39,11 +39,9 @@ class Searcher:
     def __init__(
         self, sampler: Sampler, reference, tokenizer, task: Task, cfg: SearchConfig, *, seed: int,
         shard: int = 0, num_shards: int = 1, source: str = "policy", scoring_temperature: float | None = None,
-        limits: Limits | None = None,
     ):
-        """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature); `limits`: a multi-turn
-        task's episode limits (None = cfg's)."""
-        self.limits = limits or cfg.episode_limits()
+        """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature)."""
+        self.limits = cfg.episode_limits()  # a multi-turn task's
         self.episode_ends = dict.fromkeys(END_REASONS, 0)  # episodes ever ended, by reason
         self.sampler, self.reference, self.tokenizer, self.task, self.cfg = sampler, reference, tokenizer, task, cfg
         self.source = source
@@ -66,8 +64,8 @@ class Searcher:
         self.loads = 0  # weight versions loaded
         self.rewards_dropped = 0
         self.last_reward_error: str | None = None
-        self.reward_metrics: dict[str, float] = {}  # the task's own, of the last batch (each reward function's mean)
-        self.episode_metrics: dict[str, float] = {}  # multi-turn: turns and tokens per episode, of the last batch
+        self.reward_metrics: dict[str, float] = {}  # the task's own, of the last batch (each reward function's mean;
+        # multi-turn: turns and tokens per episode too)
 
     def state_dict(self) -> dict:
         return {"cursor": self._cursor, "batches": self.batches, "samples_generated": self.samples_generated,
@@ -109,7 +107,7 @@ class Searcher:
         tok = self.tokenizer
         multi_turn = hasattr(self.task, "environment")
         if multi_turn:
-            outputs, masks, rewards = self._episodes(prompts, prompt_tokens)
+            outputs, masks, rewards, episode_metrics = self._episodes(prompts, prompt_tokens)
         else:
             t_gen = time.perf_counter()
             outputs = self.sampler.generate(prompt_tokens, num_samples=s, temperature=self.cfg.temperature,
@@ -128,9 +126,10 @@ class Searcher:
             if error is not None:
                 self.rewards_dropped += sum(r is None for r in rewards)
                 self.last_reward_error = error
-        if hasattr(self.task, "reward_metrics") or multi_turn:
-            self.reward_metrics = {**(self.task.reward_metrics() if hasattr(self.task, "reward_metrics") else {}),
-                                   **(self.episode_metrics if multi_turn else {})}
+        if hasattr(self.task, "reward_metrics"):
+            self.reward_metrics = self.task.reward_metrics()
+        if multi_turn:
+            self.reward_metrics = {**self.reward_metrics, **episode_metrics}
         groups = []
         for i, prompt in enumerate(prompts):
             samples = []
@@ -162,7 +161,7 @@ class Searcher:
 
     def _episodes(self, prompts: list[Prompt], prompt_tokens: list[list[int]]):
         """S episodes per prompt: ([(tokens after the prompt, behaviour log-probs)], [policy masks], [reward or
-        None]) prompt-major; failed episodes get None (dropped) and every end is counted by reason."""
+        None], metrics) prompt-major; failed episodes get None (dropped) and every end is counted by reason."""
         def generate(contexts, max_new_tokens):
             t_gen = time.perf_counter()
             out = self.sampler.generate(contexts, num_samples=1, temperature=self.cfg.temperature,
@@ -179,7 +178,7 @@ class Searcher:
             if e.reward is None:
                 self.rewards_dropped += 1
                 self.last_reward_error = f"prompt {e.prompt.id}: episode ended by {e.end}: {e.error}"
-        self.episode_metrics = {"episode/turns_mean": sum(turns) / max(len(turns), 1),
-                                "episode/tokens_mean": sum(len(e.tokens) for e in episodes) / max(len(episodes), 1)}
+        metrics = {"episode/turns_mean": sum(turns) / max(len(turns), 1),
+                   "episode/tokens_mean": sum(len(e.tokens) for e in episodes) / max(len(episodes), 1)}
         return ([(e.tokens, e.logprobs) for e in episodes], [e.mask for e in episodes],
-                [e.reward for e in episodes])
+                [e.reward for e in episodes], metrics)

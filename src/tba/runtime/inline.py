@@ -52,6 +52,7 @@ class InlineRuntime:
     def report(self) -> RuntimeReport:
         """States carry no RNG: the searchers share the trainer process's RNG, which the checkpoint saves."""
         alive = max(time.perf_counter() - self.t_start, 1e-9) * len(self.all)
+        states = [s.state_dict() for s in self.all]
         stats = {"searcher/samples": sum(s.samples_generated for s in self.all),
                  "searcher/tokens": sum(s.tokens_generated for s in self.all),
                  "searcher/busy_fraction": sum(s.busy_s for s in self.all) / alive,
@@ -61,10 +62,10 @@ class InlineRuntime:
                  "searcher/rewards_dropped": sum(s.rewards_dropped for s in self.all), "searcher/restarts": 0,
                  "searcher/quantize_s": sum(getattr(s.sampler, "quantize_s", 0.0) for s in self.all),
                  **mean_reward_metrics([s.reward_metrics for s in self.all]),
-                 **episode_ends([s.state_dict() for s in self.all])}
+                 **episode_ends(states)}
         placement = [{"rank": i, "pid": os.getpid(), "host": socket.gethostname()} for i in range(len(self.all))]
         error = next((s.last_reward_error for s in self.all if s.last_reward_error), None)
-        return RuntimeReport(stats, [s.state_dict() for s in self.all], placement, error)
+        return RuntimeReport(stats, states, placement, error)
 
     def stop(self) -> None:
         for s in self.all:

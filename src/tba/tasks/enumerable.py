@@ -140,13 +140,19 @@ def response_space(vocab_size: int, eos_id: int, max_new_tokens: int) -> list[li
 def sequence_logprobs(model, prompt: list[int], responses: list[list[int]], temperature: float, pad_id: int,
                       batch_size: int = 1024) -> list[float]:
     """log π(y|x) = Σ_t log π(y_t | x, y_<t), logits ÷ T, computed by the trainer's own `response_logprobs`."""
+    return contextual_logprobs(model, [prompt] * len(responses), responses, temperature, pad_id, batch_size)
+
+
+def contextual_logprobs(model, contexts: list[list[int]], responses: list[list[int]], temperature: float,
+                        pad_id: int, batch_size: int = 1024) -> list[float]:
+    """`sequence_logprobs` with a context per response (a multi-turn history before each)."""
     was_training = model.training
     model.eval()
     out: list[float] = []
     with torch.no_grad():
         for start in range(0, len(responses), batch_size):
-            chunk = responses[start:start + batch_size]
-            logp_tok, mask = response_logprobs(model, [prompt] * len(chunk), chunk, temperature, pad_id)  # [N, R]
+            logp_tok, mask = response_logprobs(model, contexts[start:start + batch_size],
+                                               responses[start:start + batch_size], temperature, pad_id)  # [N, R]
             out += (logp_tok * mask).double().sum(-1).tolist()
     model.train(was_training)
     return out

@@ -40,18 +40,13 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import dataclass
 
 import torch
 
 from tba.errors import ConfigError
-from tba.generation import response_logprobs
 from tba.tasks.base import Prompt, Scoring
-from tba.tasks.enumerable import response_space
-
-
-def _logsumexp(xs: list[float]) -> float:
-    top = max(xs)
-    return top + math.log(sum(math.exp(x - top) for x in xs))
+from tba.tasks.enumerable import contextual_logprobs, response_space
 
 
 class TwoTurnEnv:
@@ -132,70 +127,79 @@ class EnumerableTurnsTask:
         rng = random.Random(seed)
         return ["".join(rng.choice(self.alphabet) for _ in range(self.length)) for _ in prompts]
 
-    @torch.no_grad()
-    def exact_metrics(self, policy, reference, tokenizer, scoring: Scoring) -> dict[str, float]:
-        """The module docstring's quantities over every trajectory the sampler and this environment can produce."""
-        beta, temp, pad = scoring.beta, scoring.temperature, tokenizer.pad_token_id
+    def tables(self, policy, reference, tokenizer, max_new_tokens: int, temperature: float) -> Tables:
+        """Every trajectory's log-probs under `policy` and `reference`, P(o|y₁) and r, as [y₁, o, y₂] tensors."""
         prompt = tokenizer(self.test[0].text)["input_ids"]
-        ys = response_space(policy.config.vocab_size, tokenizer.eos_token_id, scoring.max_new_tokens)
+        ys = response_space(policy.config.vocab_size, tokenizer.eos_token_id, max_new_tokens)
+        n, s = len(ys), self.symbols
         texts = tokenizer.batch_decode(ys, skip_special_tokens=True)
         obs_ids = [tokenizer(o, add_special_tokens=False)["input_ids"] for o in self.alphabet]
-        was = [policy.training, reference.training]
-        policy.eval(), reference.eval()
-        first = {name: _logps(m, [prompt] * len(ys), ys, temp, pad) for name, m in (("p", policy), ("r", reference))}
-        histories = [(i, k) for i in range(len(ys)) for k in range(self.symbols)]
-        ctx = [prompt + ys[i] + obs_ids[k] for i, k in histories]
-        flat_ctx = [c for c in ctx for _ in ys]
-        flat_y2 = [y for _ in ctx for y in ys]
-        second = {name: _logps(m, flat_ctx, flat_y2, temp, pad) for name, m in (("p", policy), ("r", reference))}
-        policy.train(was[0]), reference.train(was[1])
-        n = len(ys)
-        out = {"kl_to_target": 0.0, "kl_reverse": 0.0, "kl_to_trajectory_target": 0.0, "trajectory_target_floor": 0.0,
-               "expected_reward": 0.0, "target_expected_reward": 0.0, "policy_mass": 0.0}
-        # per history h = (y₁, o): log Z₂(h), and every y₂'s reward
-        rewards, log_z2 = {}, {}
-        for h, (i, k) in enumerate(histories):
-            o = self.alphabet[k]
-            rewards[h] = [self.trajectory_reward(texts[i], o, texts[j]) for j in range(n)]
-            log_z2[h] = _logsumexp([second["r"][h * n + j] + rewards[h][j] / beta for j in range(n)])
-        probs = [self.observation_probs(t) for t in texts]
-        value = [sum(probs[i][k] * log_z2[i * self.symbols + k] for k in range(self.symbols)) for i in range(n)]
-        log_norm1 = _logsumexp([first["r"][i] + value[i] for i in range(n)])
-        # π*_traj: log π_ref(τ) + r/β over every trajectory with P(o|y₁) > 0, and its normaliser
-        traj = [(i, k, j) for i in range(n) for k in range(self.symbols) if probs[i][k] > 0 for j in range(n)]
-        log_u = {(i, k, j): first["r"][i] + math.log(probs[i][k]) + second["r"][(i * self.symbols + k) * n + j]
-                 + rewards[i * self.symbols + k][j] / beta for i, k, j in traj}
-        log_z_traj = _logsumexp(list(log_u.values()))
-        for i, k, j in traj:
-            h = i * self.symbols + k
-            p_o, r = probs[i][k], rewards[h][j]
-            log_opt = (first["r"][i] + value[i] - log_norm1) + (second["r"][h * n + j] + r / beta - log_z2[h])
-            log_pol = first["p"][i] + second["p"][h * n + j]
-            w_opt, w_pol = p_o * math.exp(log_opt), p_o * math.exp(log_pol)
-            log_traj = log_u[i, k, j] - log_z_traj
-            w_traj = math.exp(log_traj)
-            out["kl_to_target"] += w_opt * (log_opt - log_pol)
-            out["kl_reverse"] += w_pol * (log_pol - log_opt)
-            out["kl_to_trajectory_target"] += w_traj * (log_traj - log_pol - math.log(p_o))
-            out["expected_reward"] += w_pol * r
-            out["target_expected_reward"] += w_opt * r
-            out["policy_mass"] += w_pol
+        histories = [prompt + ys[i] + obs_ids[k] for i in range(n) for k in range(s)]
+        contexts = [h for h in histories for _ in ys]
+        second = [y for _ in histories for y in ys]
+
+        def logps(model):
+            first = contextual_logprobs(model, [prompt] * n, ys, temperature, tokenizer.pad_token_id)
+            then = contextual_logprobs(model, contexts, second, temperature, tokenizer.pad_token_id)
+            return torch.tensor(first, dtype=F64), torch.tensor(then, dtype=F64).view(n, s, n)
+
+        pol1, pol2 = logps(policy)
+        ref1, ref2 = logps(reference)
+        p_obs = torch.tensor([self.observation_probs(t) for t in texts], dtype=F64)
+        r = torch.tensor([[[self.trajectory_reward(texts[i], o, texts[j]) for j in range(n)] for o in self.alphabet]
+                          for i in range(n)], dtype=F64)
+        return Tables(pol1, pol2, ref1, ref2, p_obs, r)
+
+    def exact_metrics(self, policy, reference, tokenizer, scoring: Scoring) -> dict[str, float]:
+        """The module docstring's quantities over every trajectory the sampler and this environment can produce."""
+        t = self.tables(policy, reference, tokenizer, scoring.max_new_tokens, scoring.temperature)
+        beta = scoring.beta
+        opt1, opt2 = soft_bellman(t.ref1, t.ref2, t.p_obs, t.reward, beta)
+        log_opt = opt1[:, None, None] + opt2  # log π°(y₁ y₂ | o), [y₁, o, y₂]
+        log_pol = t.pol1[:, None, None] + t.pol2
+        p = t.p_obs[..., None].expand_as(log_opt)
+        live = p > 0  # trajectories the environment can produce
+        w_opt, w_pol = p * log_opt.exp(), p * log_pol.exp()
+        # π*_traj ∝ π_ref(τ)·exp(r/β), π_ref(τ) including P(o|y₁)
+        log_u = torch.where(live, t.ref1[:, None, None] + p.log() + t.ref2 + t.reward / beta, -math.inf)
+        log_traj = log_u - torch.logsumexp(log_u.flatten(), 0)
+        w_traj = log_traj.exp()
         # the floor: Σ_{y₁} π*_traj(y₁) · KL(π*_traj(o | y₁) ‖ P(o | y₁))
-        for i in range(n):
-            mass_o = [sum(math.exp(log_u[i, k, j] - log_z_traj) for j in range(n)) if probs[i][k] > 0 else 0.0
-                      for k in range(self.symbols)]
-            m = sum(mass_o)
-            out["trajectory_target_floor"] += sum(q * math.log(q / m / probs[i][k])
-                                                  for k, q in enumerate(mass_o) if q > 0)
-        return out
+        mass_o = w_traj.sum(-1)  # [y₁, o]
+        mass_1 = mass_o.sum(-1, keepdim=True)
+        floor = torch.where(mass_o > 0, mass_o * (mass_o / mass_1 / t.p_obs).log(), 0.0)
+
+        def total(x):
+            return torch.where(live, x, 0.0).sum().item()
+
+        return {"kl_to_target": total(w_opt * (log_opt - log_pol)), "kl_reverse": total(w_pol * (log_pol - log_opt)),
+                "kl_to_trajectory_target": total(w_traj * (log_traj - log_pol - p.log())),
+                "trajectory_target_floor": floor.sum().item(),
+                "expected_reward": total(w_pol * t.reward), "target_expected_reward": total(w_opt * t.reward),
+                "policy_mass": total(w_pol)}
 
 
-def _logps(model, prompts: list[list[int]], responses: list[list[int]], temperature: float, pad_id: int,
-           batch_size: int = 1024) -> list[float]:
-    """log π(y|context) summed over y's tokens, logits ÷ T, by the trainer's own `response_logprobs`."""
-    out: list[float] = []
-    for start in range(0, len(responses), batch_size):
-        lp, mask = response_logprobs(model, prompts[start:start + batch_size], responses[start:start + batch_size],
-                                     temperature, pad_id)
-        out += (lp * mask).double().sum(-1).tolist()
-    return out
+F64 = torch.float64
+
+
+@dataclass
+class Tables:
+    """One evaluation's enumeration, indexed [y₁] or [y₁, o, y₂] (o: the alphabet's order)."""
+
+    pol1: torch.Tensor
+    """log π_θ(y₁ | x)"""
+    pol2: torch.Tensor
+    """log π_θ(y₂ | x y₁ o)"""
+    ref1: torch.Tensor
+    ref2: torch.Tensor
+    p_obs: torch.Tensor
+    """P(o | y₁), [y₁, o]"""
+    reward: torch.Tensor
+
+
+def soft_bellman(ref1: torch.Tensor, ref2: torch.Tensor, p_obs: torch.Tensor, reward: torch.Tensor,
+                 beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π°(y₁ | x) [y₁], log π°(y₂ | x y₁ o) [y₁, o, y₂]): the module docstring's optimum."""
+    log_z2 = torch.logsumexp(ref2 + reward / beta, -1)  # [y₁, o]
+    opt1 = torch.log_softmax(ref1 + (p_obs * log_z2).sum(-1), 0)
+    return opt1, ref2 + reward / beta - log_z2[..., None]
