@@ -43,8 +43,10 @@ RUNTIMES = [("local", "async"), ("local", "sync"), pytest.param("ray", "async", 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime, mode", RUNTIMES)
 def test_runtime_publishes_versions_trains_on_stale_data_and_cleans_up(tmp_path, runtime, mode):
-    # 24 steps: in async mode a searcher starved of CPU (a loaded machine) must still get to a published version
-    code, out = run(tmp_path, f"runtime={runtime}", f"mode={mode}", "trainer.steps=24", "eval.every_steps=24")
+    # async: a searcher starved of CPU (a loaded machine) may not have loaded a published version before the run
+    # ends; an age cap makes the trainer wait for samples of a later version, so one must be loaded
+    cap = ["buffer.max_sample_age=3"] if mode == "async" else []
+    code, out = run(tmp_path, f"runtime={runtime}", f"mode={mode}", "trainer.steps=24", "eval.every_steps=24", *cap)
     assert code == 0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(m.get("searcher/version_min", 0) for m in lines) > 0  # searchers picked up published weights
