@@ -83,6 +83,65 @@ def test_rewards_from_a_column_and_reference_logprobs_of_the_run(tmp_path, arith
                                                                      completion_column="a", reward_column="r"))
 
 
+class TwoTurns:
+    """arith in two policy turns: the environment answers the first with " =" and ends after the second, whose
+    reward is 1 when it holds the answer."""
+    name = "two_turns"
+
+    def __init__(self, task):
+        self.train, self.test = task.train, task.test
+
+    def environment(self, prompt):
+        return TwoTurnsEnv(prompt)
+
+
+class TwoTurnsEnv:
+    def __init__(self, prompt):
+        self.prompt, self.actions = prompt, []
+
+    def step(self, action):
+        self.actions.append(action)
+        return " =" if len(self.actions) == 1 else None
+
+    def get_reward(self):
+        return float(self.prompt.answer in self.actions[-1])
+
+
+def test_a_multi_turn_demonstration_is_played_through_its_environment(tmp_path, arith_task, tiny_tokenizer,
+                                                                       tiny_model):
+    task, p = TwoTurns(arith_task), arith_task.train[4]
+    path = jsonl(tmp_path / "turns.jsonl", [{"prompt": p.text, "completion": [" 1", f" #### {p.answer}"]}])
+    rows = read_rows(DataConfig(source=path), task, seed=0)
+    (group,), report = make_groups(rows, DataConfig(source=path), task=task, tokenizer=tiny_tokenizer,
+                                   prompt_ids={q.text: q.id for q in task.train}, reference=tiny_model,
+                                   temperature=0.7, max_new_tokens=40)
+    (sample,) = group.samples
+    eos, enc = tiny_tokenizer.eos_token_id, lambda t: tiny_tokenizer(t, add_special_tokens=False)["input_ids"]
+    first, observation, second = enc(" 1") + [eos], enc(" ="), enc(f" #### {p.answer}") + [eos]
+    assert sample.response == first + observation + second and sample.reward == 1.0 and report.kept == 1
+    assert sample.policy_mask == [1] * len(first) + [0] * len(observation) + [1] * len(second)
+    ref, _ = response_logprobs(tiny_model, [group.prompt_tokens], [sample.response], 0.7, tiny_tokenizer.pad_token_id)
+    expected = [lp * m for lp, m in zip(ref[0].tolist(), sample.policy_mask, strict=True)]
+    assert sample.ref_logprobs == pytest.approx(expected, abs=1e-5)  # π_ref at the policy's tokens only
+
+    cases = {"line 1: the task's environment: the demonstration has 1 turns; the environment asked for another":
+             [{"prompt": p.text, "completion": " 1"}],
+             r"line 2: the task's environment: the environment ended the episode \(done\) after turn 2 of the "
+             "demonstration's 3": [{"prompt": p.text, "completion": [" 1", " 2"]},
+                                   {"prompt": p.text, "completion": [" 1", " 2", " 3"]}],
+             r"line 1: completion of \d+ tokens > search.max_new_tokens=40 \(turn 2\)":
+             [{"prompt": p.text, "completion": [" 1", " 1" * 30]}],
+             "line 1: field 'completion' must be a string or a list of strings": [{"prompt": p.text, "completion": 5}]}
+    for why, lines in cases.items():
+        cfg = DataConfig(source=jsonl(tmp_path / "bad.jsonl", lines))
+        with pytest.raises(DataLoadError, match=f"bad.jsonl {why}"):
+            make_groups(read_rows(cfg, task, seed=0), cfg, task=task, tokenizer=tiny_tokenizer, reference=tiny_model,
+                        prompt_ids={q.text: q.id for q in task.train}, temperature=0.7, max_new_tokens=40)
+    single = jsonl(tmp_path / "single.jsonl", [{"prompt": p.text, "completion": [" 1", " 2"]}])
+    with pytest.raises(DataLoadError, match="line 1: a list of 2 turns, but task arith is single-turn"):
+        groups_of(arith_task, tiny_tokenizer, tiny_model, DataConfig(source=single))
+
+
 def test_objectives_that_need_behaviour_logprobs_refuse_data():
     for name, objective in OBJECTIVES.items():
         if objective.reads_behaviour:

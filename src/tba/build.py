@@ -172,7 +172,8 @@ def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: di
         return None
     rows = read_rows(d, task, cfg.seed)
     groups, report = make_groups(rows, d, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference,
-                                 temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens)
+                                 temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens,
+                                 limits=cfg.search.episode_limits())
     if not groups:
         raise DataLoadError(f"data.source: {d.source}: no usable row ({report.line(d.name)})")
     buffer.extend(groups, step=0)  # one transaction: every group of the data, or none

@@ -132,19 +132,63 @@ def run_episodes(generate, tokenizer, task, prompts: list[Prompt], prompt_tokens
     its temperature, or greedy decoding in evaluation. Each turn generates at most `max_new_tokens`, and never
     past the episode's token budget.
     """
+    def act(episodes, n):
+        return generate([e.context for e in episodes], n)
+
     call = _Caller(limits.timeout_s)
     try:
-        return _run(call, generate, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits)
+        return _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits)
     finally:
         call.close()
 
 
-def _run(call, generate, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits):
+def replay_episodes(tokenizer, task, prompts: list[Prompt], prompt_tokens: list[list[int]],
+                    scripts: list[list[list[int]]], *, max_new_tokens: int, limits: Limits) -> list[Episode]:
+    """Episodes whose policy turns are given (a demonstration: each turn's token ids, ending with EOS as a
+    sampled turn does), played through fresh environments: the environment's answers are its own, tokenized as
+    in a sampled episode, so a demonstration becomes the same token-exact trajectory a searcher would store.
+
+    An episode fails (`error`, its reason in `error`) when the environment asks for a turn the script does not
+    have, or ends the episode before the script's last turn: a demonstration that does not fit its environment."""
+    by_episode: dict[int, list[list[int]]] = {}
+
+    def act(episodes, n):
+        out = []
+        for e in episodes:
+            script = by_episode[id(e)]
+            if e.turns >= len(script):
+                _end(e, "error", f"the demonstration has {len(script)} turns; the environment asked for another")
+                out.append(([], []))
+            elif len(script[e.turns]) > n:
+                _end(e, "error", f"demonstration turn {e.turns + 1} has {len(script[e.turns])} tokens; the "
+                                 f"turn's limit here is {n} (search.max_new_tokens, search.max_episode_tokens)")
+                out.append(([], []))
+            else:
+                out.append((list(script[e.turns]), []))
+        return out
+
+    call = _Caller(limits.timeout_s)
+    try:
+        episodes = _run(call, act, tokenizer, task, prompts, prompt_tokens, 1, max_new_tokens, limits,
+                        on_start=lambda e, i: by_episode.__setitem__(id(e), scripts[i]))
+    finally:
+        call.close()
+    for e in episodes:
+        script = by_episode[id(e)]
+        if e.end not in FAILED and e.turns < len(script):
+            e.end, e.error, e.reward = "error", (f"the environment ended the episode ({e.end}) after turn {e.turns} "
+                                                 f"of the demonstration's {len(script)}"), None
+    return episodes
+
+
+def _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits, on_start=None):
     episodes = []
     for p, toks in zip(prompts, prompt_tokens, strict=True):
         for _ in range(num_samples):
             env = task.environment(p)
             episodes.append(Episode(p, toks, env))
+            if on_start is not None:
+                on_start(episodes[-1], len(episodes) - 1)
             if hasattr(env, "reset"):
                 _, fault = call(env.reset, p)
                 if fault:
@@ -162,13 +206,16 @@ def _run(call, generate, tokenizer, task, prompts, prompt_tokens, num_samples, m
         for e, n in active:
             by_budget.setdefault(n, []).append(e)
         for n, group in by_budget.items():
-            for e, (ids, lps) in zip(group, generate([e.context for e in group], n), strict=True):
+            for e, (ids, lps) in zip(group, act(group, n), strict=True):
+                if e.end is not None:  # a replayed episode whose script did not fit
+                    continue
                 e.tokens += ids
                 e.mask += [1] * len(ids)
                 e.logprobs += lps if lps else [0.0] * len(ids)
                 e.turns += 1
         for e, _ in active:
-            _answer(call, e, tokenizer, limits)
+            if e.end is None:
+                _answer(call, e, tokenizer, limits)
     for e in episodes:
         if e.end is None:
             _end(e, "max_turns")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from tba.episodes import Limits, replay_episodes
 from tba.generation import response_logprobs
 from tba.schema import DataConfig
 from tba.tasks.base import Prompt, Task, batch_rewards
@@ -41,8 +42,11 @@ class Row:
     where: str
     """Where the row came from, for messages: `file.jsonl line 3`, `task.demonstrations() #12`."""
     prompt: str
-    completion: str
+    completion: str | list[str]
+    """The response; for a multi-turn task, the policy's turns (one text is one turn)."""
     reward: float | None = None
+    prompt_id: int | None = None
+    """The task's own demonstrations name their prompt by id (its text may be in the chat template by now)."""
 
 
 def read_rows(cfg: DataConfig, task: Task, seed: int) -> list[Row]:
@@ -53,8 +57,8 @@ def read_rows(cfg: DataConfig, task: Task, seed: int) -> list[Row]:
         if demonstrations is None:
             raise DataLoadError(f"data.source: task: task {task.name} has no demonstrations()")
         completions = demonstrations(task.train, seed=seed)
-        return [Row(f"task.demonstrations() #{i}", p.text, c) for i, (p, c) in enumerate(zip(task.train, completions,
-                                                                                              strict=True))]
+        return [Row(f"task.demonstrations() #{i}", p.text, c, prompt_id=p.id)
+                for i, (p, c) in enumerate(zip(task.train, completions, strict=True))]
     path = Path(cfg.source).expanduser()
     if path.suffix == ".jsonl" or (path.suffix == ".json" and path.is_file()):
         return _json_rows(path, cfg)
@@ -63,9 +67,12 @@ def read_rows(cfg: DataConfig, task: Task, seed: int) -> list[Row]:
 
 def _field(row: dict, name: str | None, where: str, kind: str):
     value = row.get(name)
-    if kind == "text":
+    if kind == "turns" and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value  # a multi-turn task's policy turns
+    if kind in ("text", "turns"):
         if not isinstance(value, str):
-            raise DataLoadError(f"{where}: field {name!r} must be a string, got {type(value).__name__}")
+            wanted = "a string or a list of strings (the policy's turns)" if kind == "turns" else "a string"
+            raise DataLoadError(f"{where}: field {name!r} must be {wanted}, got {type(value).__name__}")
         return value
     if value is None:
         return None
@@ -84,7 +91,7 @@ def _row(data: dict, cfg: DataConfig, where: str) -> Row:
     if cfg.reward_column and reward is None:
         raise DataLoadError(f"{where}: no value in field {cfg.reward_column!r} (data.reward_column)")
     return Row(where, _field(data, cfg.prompt_column, where, "text"),
-               _field(data, cfg.completion_column, where, "text"), reward)
+               _field(data, cfg.completion_column, where, "turns"), reward)
 
 
 def _json_rows(path: Path, cfg: DataConfig) -> list[Row]:
@@ -146,59 +153,99 @@ class DataReport:
 
 
 def make_groups(rows: list[Row], cfg: DataConfig, *, task: Task, prompt_ids: dict[str, int], tokenizer, reference,
-                temperature: float, max_new_tokens: int, batch_size: int = 64) -> tuple[list[Group], DataReport]:
+                temperature: float, max_new_tokens: int, limits: Limits | None = None,
+                batch_size: int = 64) -> tuple[list[Group], DataReport]:
     """Checked, tokenized, rewarded and π_ref-scored rows, one Group per prompt (source `cfg.name`).
 
     `prompt_ids`: the task's train prompts by their text as the task wrote it (before any chat template), so a
-    row names its prompt as the task does; the prompt's text in `task.train` now is what the searchers tokenize."""
+    row names its prompt as the task does; the prompt's text in `task.train` now is what the searchers tokenize.
+    A multi-turn task's (one with `environment`, tba.episodes) completion is its policy turns — a list of texts,
+    or one text for one turn — played through a fresh environment under `limits` (the searchers' episode limits):
+    the environment's answers fill the turns between, as in a sampled episode, and a row the environment does
+    not follow (it asks for more turns, or ends before the last) is a bad row."""
     by_id = {p.id: p for p in task.train}
+    multi_turn = hasattr(task, "environment")
     report, problems = DataReport(rows=len(rows), skipped={}), []
-    kept: list[tuple[Prompt, list[int], list[int], Row]] = []
-    seen: set[tuple[int, tuple[int, ...]]] = set()
+    kept: list[tuple[Prompt, list[int], list[list[int]], Row]] = []
+    seen: set[tuple[int, tuple]] = set()
     for row in rows:
-        pid = prompt_ids.get(row.prompt.strip())
+        pid = row.prompt_id if row.prompt_id is not None else prompt_ids.get(row.prompt.strip())
         pid = pid if pid in by_id else None
-        tokens = tokenizer(row.completion, add_special_tokens=False)["input_ids"]
-        if len(tokens) < max_new_tokens:  # else it is kept cut at the budget, as a searcher's response would be
-            tokens.append(tokenizer.eos_token_id)
+        texts = row.completion if isinstance(row.completion, list) else [row.completion]
+        turns = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        for tokens in turns:  # a turn ends with EOS; a single-turn completion at exactly the budget is kept cut,
+            if multi_turn or len(tokens) < max_new_tokens:  # as a searcher's response would be
+                tokens.append(tokenizer.eos_token_id)
+        longest = max(range(len(turns)), key=lambda i: len(turns[i]))
         why = ("prompt not among the task's train prompts" if pid is None
-               else "empty completion" if not row.completion.strip()
-               else f"completion of {len(tokens)} tokens > search.max_new_tokens={max_new_tokens}"
-               if len(tokens) > max_new_tokens else None)
+               else f"a list of {len(texts)} turns, but task {task.name} is single-turn (it has no environment)"
+               if len(texts) > 1 and not multi_turn
+               else "empty completion" if not all(t.strip() for t in texts)
+               else f"completion of {len(turns[longest])} tokens > search.max_new_tokens={max_new_tokens}"
+               + (f" (turn {longest + 1})" if len(texts) > 1 else "")
+               if len(turns[longest]) > max_new_tokens else None)
         if why is not None:
             problems.append((row, why))
             continue
-        prompt = by_id[pid]
-        if (pid, tuple(tokens)) in seen:
+        if (pid, key := tuple(map(tuple, turns))) in seen:
             report.duplicates += 1
             continue
-        seen.add((pid, tuple(tokens)))
-        kept.append((prompt, tokenizer(prompt.text)["input_ids"], tokens, row))
+        seen.add((pid, key))
+        kept.append((by_id[pid], tokenizer(by_id[pid].text)["input_ids"], turns, row))
     _settle(problems, cfg, report)
+    if multi_turn:
+        episodes = _replay(kept, cfg, report, task=task, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
+                           limits=limits or Limits())
+    else:
+        episodes = _score(kept, cfg, report, task, tokenizer)
+    if cfg.min_reward is not None:
+        report.below_min_reward = sum(e[3].reward < cfg.min_reward for e in episodes)
+        episodes = [e for e in episodes if e[3].reward >= cfg.min_reward]
+    report.kept = len(episodes)
+    groups: dict[int, Group] = {}
+    for start in range(0, len(episodes), batch_size):
+        chunk = episodes[start:start + batch_size]
+        with torch.no_grad():
+            ref, _ = response_logprobs(reference, [k[1] for k in chunk], [k[2] for k in chunk], temperature,
+                                       tokenizer.pad_token_id)  # [N, R]
+        for j, (prompt, prompt_tokens, tokens, row, mask) in enumerate(chunk):
+            logprobs = ref[j, :len(tokens)]
+            if mask:  # the environment's tokens carry no π_ref log-prob: they are not the policy's
+                logprobs = logprobs * torch.tensor(mask, dtype=logprobs.dtype)
+            sample = Sample(tokens, logprobs.tolist(), row.reward, 0, [], source=cfg.name, policy_mask=mask)
+            groups.setdefault(prompt.id, Group(prompt.id, prompt_tokens, [], source=cfg.name)).samples.append(sample)
+    return list(groups.values()), report
+
+
+def _score(kept, cfg: DataConfig, report: DataReport, task: Task, tokenizer) -> list[tuple]:
+    """Single-turn rows as (prompt, prompt tokens, tokens, row, []) with a reward: the row's, else the task's."""
     unscored = [i for i, (*_, row) in enumerate(kept) if row.reward is None]
     if unscored:
         rewards, _ = batch_rewards(task, [kept[i][0] for i in unscored], [kept[i][3].completion for i in unscored],
-                                   [kept[i][2][-1] == tokenizer.eos_token_id for i in unscored])
+                                   [kept[i][2][0][-1] == tokenizer.eos_token_id for i in unscored])
         bad = [(kept[i][3], "the task's reward raised or was not finite") for i, r in zip(unscored, rewards,
                                                                                          strict=True) if r is None]
         for i, r in zip(unscored, rewards, strict=True):
             kept[i][3].reward = r
         _settle(bad, cfg, report)
-        kept = [k for k in kept if k[3].reward is not None]
-    if cfg.min_reward is not None:
-        report.below_min_reward = sum(k[3].reward < cfg.min_reward for k in kept)
-        kept = [k for k in kept if k[3].reward >= cfg.min_reward]
-    report.kept = len(kept)
-    groups: dict[int, Group] = {}
-    for start in range(0, len(kept), batch_size):
-        chunk = kept[start:start + batch_size]
-        with torch.no_grad():
-            ref, _ = response_logprobs(reference, [k[1] for k in chunk], [k[2] for k in chunk], temperature,
-                                       tokenizer.pad_token_id)  # [N, R]
-        for j, (prompt, prompt_tokens, tokens, row) in enumerate(chunk):
-            sample = Sample(tokens, ref[j, :len(tokens)].tolist(), row.reward, 0, [], source=cfg.name)
-            groups.setdefault(prompt.id, Group(prompt.id, prompt_tokens, [], source=cfg.name)).samples.append(sample)
-    return list(groups.values()), report
+    return [(p, pt, turns[0], row, []) for p, pt, turns, row in kept if row.reward is not None]
+
+
+def _replay(kept, cfg: DataConfig, report: DataReport, *, task: Task, tokenizer, max_new_tokens: int,
+            limits: Limits) -> list[tuple]:
+    """Multi-turn rows played through their environments: (prompt, prompt tokens, episode tokens, row, policy
+    mask), the reward the row's, else the environment's."""
+    episodes = replay_episodes(tokenizer, task, [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept],
+                               max_new_tokens=max_new_tokens, limits=limits)
+    bad = [(row, f"the task's environment: {e.error}") for (*_, row), e in zip(kept, episodes, strict=True)
+           if e.reward is None]
+    _settle(bad, cfg, report)
+    out = []
+    for (prompt, prompt_tokens, _, row), e in zip(kept, episodes, strict=True):
+        if e.reward is not None:
+            row.reward = e.reward if row.reward is None else row.reward
+            out.append((prompt, prompt_tokens, e.tokens, row, e.mask))
+    return out
 
 
 def _settle(problems: list[tuple[Row, str]], cfg: DataConfig, report: DataReport) -> None:

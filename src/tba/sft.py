@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tba.errors import ConfigError
 from tba.evaluate import greedy_accuracy
 from tba.models import build_tiny_model, cache_dir, save_checkpoint, train_tokenizer
 from tba.schema import EvalConfig, SFTConfig, TaskConfig, TinyModelConfig
@@ -63,6 +64,9 @@ def train_sft(model, tokenizer, task, sft: SFTConfig, *, seed: int, evaluation: 
 
     `constant_lr` replaces the warmup+cosine schedule (used to *continue* a finished SFT run at its final LR).
     """
+    if hasattr(task, "environment"):
+        raise ConfigError(f"sft.enabled: the warm start is single-turn and task {task.name} is multi-turn; give its "
+                          "demonstrations to TB instead (data.source=task), or sft.enabled=false")
     steps = steps if steps is not None else sft.steps
     rng = random.Random(seed)
     prompts = task.train

@@ -51,6 +51,11 @@ def describe_tools(tools: list[Callable]) -> str:
     return "\n".join(lines)
 
 
+def call_text(name: str, **arguments) -> str:
+    """A tool call as the policy writes one (what `parse_tool_calls` reads): for demonstrations and tests."""
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
 def parse_tool_calls(text: str, tools: dict[str, Callable]) -> list[tuple[Callable, dict]]:
     """The (function, arguments) of every tool call in `text`; raises ToolCallError saying what is wrong."""
     calls = []

@@ -27,3 +27,19 @@ def test_table_from_finished_runs(tmp_path, bench_script):
     assert "final − peak: worst -2.0 points" in text
     assert "1000 held-out problems" in text and "±1.5 points" in text  # sqrt(.6 * .4 / 1000)
     assert (tmp_path / "res" / "out" / "seed4" / "metrics.jsonl").is_file()  # raw data copied beside the table
+
+
+def test_the_tasks_own_evaluation_metrics_at_each_evaluation(tmp_path, bench_script):
+    seeds = bench_script("bench.claims.smollm2_seeds")
+    out = tmp_path / "runs" / "seed0"
+    _finished_run(out, [0.0, 0.4], 50)
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "eval_start": {"score": 0.0, "tool/called_share": 0.0}}))
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 25, "eval/score": 0.4, "eval/tool/called_share": 0.5}) + "\n")
+    results = tmp_path / "out.md"
+    seeds.main(["--seeds", "0", "--out", str(tmp_path / "runs"), "--results", str(results), "--recipe", "x",
+                "--title", "A tool task", "--eval-keys", "tool/called_share", "tool/score_with_call"])
+    text = results.read_text()
+    assert "A tool task, 1 seeds" in text
+    assert "| 0 | 0 | 0.0 | 0.000 | — |" in text and "| 0 | 25 | 40.0 | 0.500 | — |" in text

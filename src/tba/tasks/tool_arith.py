@@ -17,7 +17,7 @@ import random
 import re
 
 from tba.tasks.base import Prompt
-from tba.tools import ToolEnv, calculator, describe_tools, tool_metrics
+from tba.tools import ToolEnv, calculator, call_text, describe_tools, tool_metrics
 
 NUMBER = re.compile(r"-?\d[\d,]*")
 EXAMPLE = ('Example: for "What is 12 * 34?" write <tool_call>{"name": "calculator", "arguments": {"expression": '
@@ -39,8 +39,9 @@ class ToolArithTask:
         def problem(i: int) -> Prompt:
             a, b = (rng.randint(10 ** (digits - 1), 10 ** digits - 1) for _ in range(2))
             question = f"What is {a} * {b}?"
-            return Prompt(i, question, str(a * b), {"messages": [{"role": "system", "content": system},
-                                                                  {"role": "user", "content": question}]})
+            return Prompt(i, question, str(a * b), {"a": a, "b": b,
+                                                    "messages": [{"role": "system", "content": system},
+                                                                 {"role": "user", "content": question}]})
 
         self.train = [problem(i) for i in range(train_size)]
         self.test = [problem(i) for i in range(test_size)]
@@ -49,6 +50,14 @@ class ToolArithTask:
     def environment(self, prompt: Prompt) -> ToolEnv:
         return ToolEnv([calculator], score=lambda answer: float(last_number(answer) == prompt.answer),
                        tokenizer=self.tokenizer)
+
+    def demonstrations(self, prompts: list[Prompt], seed: int) -> list[list[str]]:
+        """An expert's two turns per prompt — the tool call, then the answer read from its result — for
+        `data.source: task` (tba.offline_data plays them through the environment, which writes the result)."""
+        rng = random.Random(seed)
+        answers = ("{a} * {b} = {p}", "The answer is {p}.", "{p}")
+        return [[call_text("calculator", expression=f"{p.meta['a']} * {p.meta['b']}"),
+                 rng.choice(answers).format(a=p.meta["a"], b=p.meta["b"], p=p.answer)] for p in prompts]
 
     def episode_metrics(self, episodes) -> dict[str, float]:
         return tool_metrics(episodes)
