@@ -1,5 +1,8 @@
-"""tba.sft.plateau_warning: the check that flags a warm start still mid-curve (the cause of the seeds that
-barely learned, bench/results/learning/seed_robustness.md), on the histories those runs actually logged."""
+"""tba.sft: the warm start refuses a multi-turn task; plateau_warning, the check that flags a warm start still
+mid-curve (the cause of the seeds that barely learned, bench/results/learning/seed_robustness.md), on the
+histories those runs actually logged."""
+
+import pytest
 
 from tba.sft import plateau_warning
 
@@ -23,3 +26,18 @@ def test_a_plateaued_warm_start_is_not_flagged():
 
 def test_too_short_a_history_says_nothing():
     assert plateau_warning(history([0.0, 0.5])) is None and plateau_warning([]) is None
+
+
+def test_a_multi_turn_task_is_refused_pointing_to_data_instead():
+    from tba.errors import ConfigError
+    from tba.schema import EvalConfig, SFTConfig
+    from tba.sft import train_sft
+
+    class Turns:
+        name = "turns"
+
+        def environment(self, prompt):
+            raise AssertionError("not reached")
+
+    with pytest.raises(ConfigError, match="task turns is multi-turn; give its demonstrations to TB instead"):
+        train_sft(None, None, Turns(), SFTConfig(), seed=0, evaluation=EvalConfig())
