@@ -191,6 +191,8 @@ def make_groups(rows: list[Row], cfg: DataConfig, *, task: Task, prompt_ids: dic
             report.duplicates += 1
             continue
         seen.add((pid, key))
+        if not multi_turn:
+            row.completion = texts[0]  # a one-turn list is the completion itself (the task's reward reads text)
         kept.append((by_id[pid], tokenizer(by_id[pid].text)["input_ids"], turns, row))
     _settle(problems, cfg, report)
     if multi_turn:
