@@ -54,20 +54,3 @@ def test_the_quickstart_is_at_most_twenty_lines_of_code():
     code = [line for line in (ROOT / "examples" / "quickstart.py").read_text().split('"""', 2)[2].splitlines()
             if line.strip() and not line.strip().startswith("#")]
     assert len(code) <= 20, len(code)
-
-
-def test_the_guess_number_environment_trains_and_reports_success_by_turn(tmp_path):
-    """examples/guess_number.py, the multi-turn worked example of docs/environments.md, on the builtin model."""
-    from tba.build import train
-    from tba.config import load_config
-
-    cfg = load_config("enumerable_turns_cpu", [
-        "task.name=examples/guess_number.py:GuessTask", "task.train_size=20", "task.test_size=8",
-        "search.max_turns=4", "search.max_new_tokens=3", "search.max_episode_tokens=64", "eval.max_new_tokens=3",
-        "search.samples_per_prompt=8", "search.prompts_per_batch=2", "buffer.prefill_samples=8",
-        "trainer.steps=3", "eval.every_steps=3", f"output_dir={tmp_path}", "logging.progress=false",
-        "logging.tensorboard=false", "threads=1"])
-    summary = train(cfg, log=lambda m: None, overwrite=True)
-    end = summary["eval_end"]
-    assert {"solved_by_turn_1", "episode/turns_mean"} <= end.keys()
-    assert 1 <= end["episode/turns_mean"] <= 4

@@ -85,6 +85,17 @@ def test_multiturn_bench_smoke(tmp_path, run_bench):
     assert results.with_suffix(".png").is_file()
 
 
+def test_per_turn_bench_smoke(tmp_path, run_bench):
+    """Two seeds, 4 updates: the per-turn tables (solved by turn t, and at turn t among the open) and the plot."""
+    results = tmp_path / "guess.md"
+    run_bench("bench.claims.per_turn", ["--smoke", "--seeds", "0", "1", "--out", str(tmp_path / "out"),
+                                        "--results", str(results)])
+    rows = rows_of(results)
+    assert [r["seed"] for r in rows] == [0, 1]
+    assert all(set(r["solved_by"]) == {"1", "2", "3"} and len(r["steps"]) == 3 for r in rows)
+    assert "| 3 |" in results.read_text() and results.with_suffix(".png").is_file()
+
+
 def test_fixed_point_sampler_patch_is_undone_after_each_run(bench_script):
     """Pool workers run many jobs: a behaviour-temperature patch must not leak into the next run."""
     fixed_point = bench_script("bench.claims.fixed_point")

@@ -31,6 +31,8 @@ TASKS: dict[str, TaskEntry] = {e.name: e for e in (
               "a few thousand responses and a seeded multi-mode reward: KL to the exact target π* is evaluated"),
     TaskEntry("enumerable_turns", "tba.tasks.enumerable_turns:EnumerableTurnsTask", True,
               "two policy turns with a random observation between them: KL to the exact optimum is evaluated"),
+    TaskEntry("guess_number", "tba.tasks.guess_number:GuessNumberTask", True,
+              "find a hidden number from higher/lower feedback over several turns (multi-turn, tiny model)"),
     TaskEntry("tool_arith", "tba.tasks.tool_arith:ToolArithTask", False,
               "multiplication with a calculator tool the policy calls (multi-turn, for chat models)"),
     TaskEntry("gsm8k", "tba.tasks.gsm8k:GSM8KTask", False,
