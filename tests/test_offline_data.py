@@ -13,7 +13,7 @@ from tba.buffer import Draw, NothingYoungEnough, ReplayBuffer
 from tba.config import ConfigError, load_config
 from tba.generation import response_logprobs
 from tba.objectives import OBJECTIVES
-from tba.offline_data import make_groups, read_rows
+from tba.offline_data import make_groups, read_rows, target_weight_warning
 from tba.schema import BufferConfig, DataConfig, TBConfig, TrainerConfig
 from tba.tasks.data import DataLoadError
 from tba.trainer import Trainer
@@ -245,3 +245,16 @@ def test_a_run_with_data_draws_it_and_says_so(tmp_path, arith_task):
     assert summary["sources"]["data"]["samples_drawn"] > 0
     with pytest.raises(ConfigError, match="data.share: at most 0.5"):
         load_config(None, ["data.source=task", "data.share=0.6"])
+
+
+def test_a_beta_too_large_for_the_data_is_named_with_the_beta_that_fits():
+    """π* ∝ π_ref·exp(r/β) weighs a row of reward 1 and log π_ref −25 above all unrewarded mass only below β = 0.04."""
+    def group(*logps_rewards):
+        return Group(0, [1], [Sample([2], [lp], r, 0, []) for lp, r in logps_rewards], source="data")
+
+    rows = group((-25.0, 1.0), (-20.0, 1.0), (-30.0, 1.0), (-5.0, 0.0))  # bounds 0.04, 0.05, 0.0333; one unrewarded
+    warning = target_weight_warning([rows], beta=0.045)
+    assert warning and "2 of 3 rewarded data rows" in warning and "below 0.0333" in warning
+    assert target_weight_warning([rows], beta=0.02) is None
+    assert target_weight_warning([rows], beta=0.038) is None  # above 1 bound of 3: most rows are weighed up
+    assert target_weight_warning([group((-5.0, 0.0))], beta=1.0) is None  # nothing rewarded: nothing to say

@@ -43,7 +43,7 @@ from tba.models import (
 from tba.monitor import Monitor
 from tba.objectives import OBJECTIVES
 from tba.objectives.tb import beta_at
-from tba.offline_data import make_groups, read_rows
+from tba.offline_data import make_groups, read_rows, target_weight_warning
 from tba.plugins import load_object
 from tba.runtime import RUNTIMES
 from tba.runtime.base import InlineParts, RuntimeParts
@@ -178,7 +178,10 @@ def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: di
         raise DataLoadError(f"data.source: {d.source}: no usable row ({report.line(d.name)})")
     buffer.extend(groups, step=0)  # one transaction: every group of the data, or none
     log(report.line(d.name) + f"; over {len(groups)} prompts, drawn at data.share={d.share}")
-    return dataclasses.asdict(report)
+    warning = target_weight_warning(groups, cfg.tb.beta_final) if cfg.objective == "tb" else None
+    if warning:
+        log(f"warning: {warning}")
+    return {**dataclasses.asdict(report), "target_weight_warning": warning}
 
 
 def build_trainer(cfg: RunConfig, policy, reference, tokenizer) -> Trainer:

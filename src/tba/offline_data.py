@@ -219,6 +219,24 @@ def make_groups(rows: list[Row], cfg: DataConfig, *, task: Task, prompt_ids: dic
     return list(groups.values()), report
 
 
+def target_weight_warning(groups: list[Group], beta: float) -> str | None:
+    """A warning when TB's target would weigh most rewarded rows below π_ref's unrewarded answers, else None.
+
+    π*(y) ∝ π_ref(y)·exp(r/β), and π_ref puts at most mass 1 on unrewarded answers, so a row of reward r > 0
+    outweighs all of them together once log π_ref(y) + r/β > 0, i.e. once β < r / −log π_ref(y). Rows π_ref finds
+    unlikely — a format the model never writes, a tool call — need a β that small, or the target itself prefers what
+    π_ref already does and TB moves away from the data as it converges (β is the final one of an annealed run)."""
+    bounds = sorted(s.reward / -sum(s.ref_logprobs) for g in groups for s in g.samples
+                    if s.reward > 0 and sum(s.ref_logprobs) < 0)
+    below = sum(b < beta for b in bounds)
+    if not bounds or 2 * below <= len(bounds):
+        return None
+    return (f"tb.beta_final={beta} is above r / −log π_ref for {below} of {len(bounds)} rewarded data rows (median "
+            f"{bounds[len(bounds) // 2]:.3g}, the least likely row {bounds[0]:.3g}): TB's target π* ∝ "
+            f"π_ref·exp(r/β) weighs those rows below π_ref's unrewarded answers. A β below {bounds[0]:.3g} makes it "
+            "prefer every rewarded row (docs/sources.md, 'How small β must be')")
+
+
 def _score(kept, cfg: DataConfig, report: DataReport, task: Task, tokenizer) -> list[tuple]:
     """Single-turn rows as (prompt, prompt tokens, tokens, row, []) with a reward: the row's, else the task's."""
     unscored = [i for i, (*_, row) in enumerate(kept) if row.reward is None]
