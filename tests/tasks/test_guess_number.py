@@ -14,10 +14,10 @@ from tba.tasks.guess_number import GuessEnv, GuessNumberTask
 
 def test_feedback_and_reward_by_turn():
     env = GuessEnv(secret=5, penalty=0.25)
-    assert env.step("3") == "+" and env.step(" 7") == "-" and env.step("x") == "?"
+    assert env.step("3") == "+" and env.step(" 7") == "-" and env.step("x") == "?" and env.step("²") == "?"
     assert env.get_reward() == 0.0  # not solved (yet)
-    assert env.step("5") is None and env.solved_at == 4
-    assert env.get_reward() == pytest.approx(1 - 0.25 * 3)
+    assert env.step("5") is None and env.solved_at == 5
+    assert env.get_reward() == pytest.approx(1 - 0.25 * 4)
     assert GuessEnv(secret=0, penalty=0.25).step("0") is None
 
 

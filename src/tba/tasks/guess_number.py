@@ -36,7 +36,7 @@ class GuessEnv:
         """The feedback on the guess `action`, or None when it is right (the episode ends)."""
         self.turns += 1
         guess = action.strip()
-        if not guess.isdigit():
+        if not (guess.isascii() and guess.isdigit()):  # (str.isdigit alone accepts '²')
             return NOT_A_NUMBER  # a malformed answer is an observation the policy can learn from
         if int(guess) == self.secret:
             self.solved_at = self.turns
@@ -60,7 +60,7 @@ class GuessNumberTask:
         self.high, self.penalty = high, penalty
         rng = random.Random(seed)
         numbers = "".join(str(i) for i in range(high + 1))
-        # every secret equally often (shuffled), so that a held-out score is not a sample's luck
+        # every secret equally often over train and test together (shuffled): no secret is rare by chance
         secrets = [i % (high + 1) for i in range(train_size + test_size)]
         rng.shuffle(secrets)
         self.train = [Prompt(i, numbers, str(secrets[i]), {}) for i in range(train_size)]
