@@ -5,7 +5,7 @@ was a run starved of rewarded samples before it learnt, or did it have them and 
 
     python -m bench.tools.correct_supply bench/_out/offpolicy_sources_hard/TB_fp-s2 ... --windows 2
 
-Each argument is a run's output folder (its buffer is the one *.sqlite under it) or a buffer file. Prints a
+Each argument is a run's output folder or its buffer.sqlite. Prints a
 markdown table; data from other sources (demonstrations, logged data) is left out, and so are samples a long
 run's buffer compaction removed (`buffer.max_samples`): read early windows of such a run with that in mind.
 """
@@ -13,35 +13,28 @@ run's buffer compaction removed (`buffer.max_samples`): read early windows of su
 from __future__ import annotations
 
 import argparse
-import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
-
-def buffer_path(path: Path) -> Path:
-    if path.is_file():
-        return path
-    found = sorted(path.rglob("*.sqlite"))
-    if len(found) != 1:
-        raise SystemExit(f"{path}: expected one *.sqlite buffer under it, found {len(found)}")
-    return found[0]
+from tba.store import BufferStore
 
 
-def supply(db_file: Path, every: int, correct: float, source: str = "policy") -> dict[int, tuple[int, float, float]]:
+def supply(run: Path, every: int, correct: float, source: str = "policy") -> dict[int, tuple[int, float, float]]:
     """{first version of the window: (groups, share with ≥ 1 correct sample, mean sample reward)}."""
-    db = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT MAX(s.version), MAX(s.reward), SUM(s.reward), COUNT(*) FROM groups g "
-                          "JOIN samples s ON s.seq = g.seq WHERE g.source = ? GROUP BY g.seq", (source,)).fetchall()
-    finally:
-        db.close()
+    store = BufferStore(run, readonly=True)
     windows: dict[int, list] = defaultdict(lambda: [0, 0, 0.0, 0])  # groups, with correct, reward sum, samples
-    for version, best, total, n in rows:
-        w = windows[version // every * every]
-        w[0] += 1
-        w[1] += best >= correct
-        w[2] += total
-        w[3] += n
+    try:
+        for _, _, group in store.iter_groups():
+            if group.source != source:
+                continue
+            rewards = [s.reward for s in group.samples]
+            w = windows[max(s.version for s in group.samples) // every * every]
+            w[0] += 1
+            w[1] += max(rewards) >= correct
+            w[2] += sum(rewards)
+            w[3] += len(rewards)
+    finally:
+        store.close()
     return {k: (g, c / g, r / n) for k, (g, c, r, n) in sorted(windows.items())}
 
 
@@ -56,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| run | " + " | ".join(f"versions {h}: groups with a correct answer (mean reward)" for h in heads) + " |")
     print("|---|" + "---|" * args.windows)
     for run in args.runs:
-        got = supply(buffer_path(run), args.every, args.correct)
+        got = supply(run, args.every, args.correct)
         cells = [f"{got[k][1]:.0%} of {got[k][0]} ({got[k][2]:.3f})" if k in got else "—"
                  for k in range(0, args.windows * args.every, args.every)]
         print(f"| {run.name} | " + " | ".join(cells) + " |")
