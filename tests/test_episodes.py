@@ -9,7 +9,7 @@ import torch
 from chars import CharTokenizer
 
 from tba.buffer import Draw
-from tba.episodes import FAILED, Limits, chat_turn, run_episodes, turns
+from tba.episodes import FAILED, Limits, chat_turn, policy_logprobs, run_episodes, turns
 from tba.generation import response_logprobs
 from tba.models import build_tiny_model, train_tokenizer
 from tba.objectives import OBJECTIVES
@@ -97,6 +97,13 @@ def test_every_fault_ends_its_episode_with_a_counted_reason():
 def test_a_reward_that_is_not_a_number_fails_the_episode_not_the_run():
     (e,) = episodes(Scripted([None], reward=float("nan")))
     assert e.end == "error" and e.reward is None and "nan" in e.error
+
+
+def test_policy_logprobs_zero_the_environments_tokens_only():
+    assert policy_logprobs([-1.0, -2.0, -3.0, -4.0], [1, 0, 0, 1]) == [-1.0, 0.0, 0.0, -4.0]
+    assert policy_logprobs([-1.0, -2.0], []) == [-1.0, -2.0]  # single turn: every token is the policy's
+    with pytest.raises(ValueError):
+        policy_logprobs([-1.0, -2.0], [1])
 
 
 def test_chat_turn_renders_the_templates_text_after_an_end_of_turn():

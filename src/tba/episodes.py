@@ -261,6 +261,14 @@ def _end(e: Episode, reason: str, error: str | None = None) -> None:
     e.end, e.error = reason, error
 
 
+def policy_logprobs(logprobs: list[float], policy_mask: list[int]) -> list[float]:
+    """Per-token log-probs with the environment's tokens zeroed: those tokens are conditioning, not the policy's
+    choices, so no objective may count a log-prob for them (an empty mask: a single-turn sample, all policy)."""
+    if not policy_mask:
+        return logprobs
+    return [lp if m else 0.0 for lp, m in zip(logprobs, policy_mask, strict=True)]
+
+
 def turns(policy_mask: list[int]) -> list[tuple[bool, int, int]]:
     """An episode's turns: (the policy's?, start, end) spans of equal mask values, in order."""
     spans, start = [], 0

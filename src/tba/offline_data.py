@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from tba.episodes import Limits, replay_episodes
+from tba.episodes import Limits, policy_logprobs, replay_episodes
 from tba.generation import response_logprobs
 from tba.schema import DataConfig
 from tba.tasks.base import Prompt, Task, batch_rewards
@@ -211,10 +211,8 @@ def make_groups(rows: list[Row], cfg: DataConfig, *, task: Task, prompt_ids: dic
             ref, _ = response_logprobs(reference, [k[1] for k in chunk], [k[2] for k in chunk], temperature,
                                        tokenizer.pad_token_id)  # [N, R]
         for j, (prompt, prompt_tokens, tokens, row, mask) in enumerate(chunk):
-            logprobs = ref[j, :len(tokens)]
-            if mask:  # the environment's tokens carry no π_ref log-prob: they are not the policy's
-                logprobs = logprobs * torch.tensor(mask, dtype=logprobs.dtype)
-            sample = Sample(tokens, logprobs.tolist(), row.reward, 0, [], source=cfg.name, policy_mask=mask)
+            logprobs = policy_logprobs(ref[j, :len(tokens)].tolist(), mask)
+            sample = Sample(tokens, logprobs, row.reward, 0, [], source=cfg.name, policy_mask=mask)
             groups.setdefault(prompt.id, Group(prompt.id, prompt_tokens, [], source=cfg.name)).samples.append(sample)
     return list(groups.values()), report
 

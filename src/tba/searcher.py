@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from tba.episodes import END_REASONS, run_episodes
+from tba.episodes import END_REASONS, policy_logprobs, run_episodes
 from tba.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
 from tba.schema import SearchConfig
@@ -138,12 +138,9 @@ class Searcher:
                 reward = rewards[j]
                 if reward is None:
                     continue
-                ref = ref_logp[j, : len(resp)]
-                if masks[j]:  # the environment's tokens carry no π_ref log-prob: they are not the policy's
-                    ref = ref * torch.tensor(masks[j], dtype=ref.dtype, device=ref.device)
                 samples.append(Sample(
                     response=resp,
-                    ref_logprobs=ref.tolist(),
+                    ref_logprobs=policy_logprobs(ref_logp[j, : len(resp)].tolist(), masks[j]),
                     reward=reward,
                     version=self.version,
                     behaviour_logprobs=behaviour,
