@@ -42,3 +42,27 @@ def pids() -> list[int]:
 def children(pid: int) -> list[int]:
     """Live (not zombie) processes whose parent is `pid`."""
     return [p for p in pids() if parent(p) == pid and alive(p)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Children, their children, and so on (live ones)."""
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def is_fork_server(pid: int, owner: int) -> bool:
+    """`owner`'s multiprocessing fork server (tba.runtime.forkserver): a child of it running the server's main. A
+    searcher forked from it shows the same command line, but its parent is the server."""
+    return parent(pid) == owner and "multiprocessing.forkserver" in cmdline(pid)
+
+
+def searchers_of(pid: int) -> list[int]:
+    """The local runtime's searcher processes of the trainer `pid`: spawned children of it, or children of its
+    fork server."""
+    spawned = [p for p in children(pid) if "multiprocessing.spawn" in cmdline(p)]
+    forked = [p for s in children(pid) if is_fork_server(s, pid) for p in children(s)]
+    return spawned + forked

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from procs import alive, children
+from procs import alive, descendants
 from safetensors.torch import load_file
 
 from tba.cli import main
@@ -59,7 +59,7 @@ def test_kill_9_trainer_mid_run_then_resume_continues_and_keeps_every_buffered_g
                 break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
-    searchers = children(proc.pid)
+    searchers = descendants(proc.pid)  # searchers, and the fork server they came from
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     ckpt_step = int((out / "checkpoints" / "latest").read_text().strip().split("_")[1])

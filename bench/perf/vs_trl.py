@@ -25,7 +25,8 @@ with torch pinned in constraints.txt; written against trl 1.16).
 Clocks. tba: its own training clock (`Loop.train_s`: from the searchers being ready — their start-up is NOT included,
 bench/perf/step_cost.py measures it — buffer prefill included, evaluation excluded); with --startup both clocks
 start at launch instead: tba's adds its summary's `startup_s` (models built, searcher processes started and
-ready), TRL's starts before its model is loaded (imports excluded from both);
+ready), TRL's starts before its model is loaded (imports excluded from both: tba's searchers fork from a server that
+imported tba before the first seed, as `tba train` runs it alongside its own imports — fork_server_ready);
 it runs trainer.steps steps (default recipe: 200, or --tba-steps), not a budget — if it finishes before the
 budget a warning is printed and its last evaluation stands. TRL: from on_train_begin, evaluation excluded; the
 callback stops training when the next step would end past --budget-s, so its last evaluation is inside the budget.
@@ -64,6 +65,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -79,6 +81,7 @@ from bench.lib.paths import OUT, RESULTS  # noqa: E402
 from tba.build import build_task, train, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
 from tba.evaluate import greedy_accuracy  # noqa: E402
+from tba.runtime import forkserver  # noqa: E402
 
 SMOKE = ["task.train_size=300", "task.test_size=16", "sft.steps=10", "sft.batch_size=16", "sft.log_every_steps=10",
          "sft.cache_dir=/tmp/vs_trl_smoke_cache", "trainer.steps=10"]
@@ -90,6 +93,17 @@ def in_budget(evals: list, budget: float) -> list:
 
 def time_to(evals: list, target: float, budget: float) -> float | None:
     return next((s for _, acc, s in in_budget(evals, budget) if acc >= target), None)
+
+
+def fork_server_ready(cfg) -> None:
+    """`tba train` starts the server its searchers fork from before its own imports (tba.runtime.forkserver), so
+    the server imports while the trainer's process does. This process has imported tba already: start the server
+    now and wait until it has imported too (a first fork waits for it), so that its imports are excluded from the
+    clock like every other import (bench/perf/startup.py times the whole command)."""
+    if forkserver.start_early(cfg):
+        child = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+        child.start()
+        child.join(timeout=300)
 
 
 def run_tba(cfg, args, seed: int) -> dict:
@@ -323,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tba_steps:
         overrides.append(f"trainer.steps={args.tba_steps}")
     rows = []
+    fork_server_ready(load_config(args.config, overrides))
     for seed in args.seeds:
         cfg = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-seed{seed}'}",
                                         "logging.progress=false", f"eval.every_steps={args.eval_every}", *overrides])

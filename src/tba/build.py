@@ -45,7 +45,7 @@ from tba.objectives import OBJECTIVES
 from tba.objectives.tb import beta_at
 from tba.offline_data import make_groups, read_rows, target_weight_warning
 from tba.plugins import load_object
-from tba.runtime import RUNTIMES
+from tba.runtime import RUNTIMES, forkserver
 from tba.runtime.base import InlineParts, RuntimeParts
 from tba.samplers import SAMPLERS
 from tba.schema import SearchConfig, SearcherGroup
@@ -363,6 +363,7 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
             "pass trainer.steps=N to continue training")
         return json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     save_config(cfg, out / "config.yaml")
+    forkserver.start_early(cfg)  # local searchers fork from it: it imports while the models below are built
     searchers = sum(g.num_searchers for g in searcher_groups(cfg))
     torch.set_num_threads(cfg.threads or default_threads(searchers, cfg.runtime)[0])
     seed_everything(cfg.seed)

@@ -78,6 +78,9 @@ def interrupted(cfg) -> int:
 
 def train_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg = load_run_config(ns)
+    from tba.runtime.forkserver import start_early
+
+    start_early(cfg)  # the searchers' imports, in a server process, while this one imports the trainer's
     from tba.api import TBATrainer
     from tba.progress import print_summary
 

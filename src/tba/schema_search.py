@@ -21,6 +21,7 @@ from tba.checks import (
 from tba.episodes import Limits
 from tba.errors import ConfigError
 from tba.runtime import TRANSPORTS
+from tba.runtime.forkserver import START_METHODS
 from tba.samplers import SAMPLERS
 
 QUANTIZE = ("none", "int8", "int8_weight", "fp8")
@@ -166,6 +167,10 @@ class SupervisionConfig:
     """The learnt heartbeat limit is never shorter than this (scheduling jitter on a busy machine is not a hang)."""
     max_restarts: int = knob(3, non_negative)
     """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
+    start_method: str = knob("auto", one_of(START_METHODS))
+    """How runtime=local starts searcher processes (tba.runtime.forkserver): forkserver — forked from a server
+    that imported tba once, seconds sooner —, spawn — a fresh interpreter each —, or auto: forkserver unless a
+    searcher runs vLLM (spawn)."""
 
 
 @dataclass

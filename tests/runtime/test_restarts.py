@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import alive, children, cmdline, parent, pids, stat
+from procs import alive, cmdline, parent, pids, searchers_of, stat
 
 from tba.cli import main
 from tba.runtime.local import LocalRuntime
@@ -23,7 +23,7 @@ def _searcher_pids(runtime: str) -> list[int]:
     """This test's own searchers (local: its children; Ray: actors under the raylet its driver started), never
     those of another run on the machine."""
     if runtime == "local":
-        return [p for p in child_processes() if "multiprocessing.spawn" in cmdline(p)]
+        return searchers_of(os.getpid())
     return [p for p in pids() if "_SearcherActor" in cmdline(p)
             and os.getpid() in (parent(p), parent(parent(p)), parent(parent(parent(p))))]
 
@@ -136,7 +136,7 @@ def test_a_searcher_blocked_on_a_full_queue_exits_when_its_trainer_is_killed(tmp
         for line in proc.stderr:  # start-up, SFT (cached by the tests above), prefill
             if "buffer prefilled" in line:
                 break
-        searchers = child_processes_of(proc.pid)
+        searchers = searchers_of(proc.pid)
         assert searchers, "no searcher process"
         time.sleep(10)  # ≥ 16 batches: the queue (maxsize 16 per searcher) is full, the searcher retries put
     finally:
@@ -146,7 +146,3 @@ def test_a_searcher_blocked_on_a_full_queue_exits_when_its_trainer_is_killed(tmp
     while time.monotonic() < deadline and any(alive(p) for p in searchers):
         time.sleep(0.2)
     assert not any(alive(p) for p in searchers), f"searchers {searchers} outlived the trainer"
-
-
-def child_processes_of(pid: int) -> list[int]:
-    return [p for p in children(pid) if "multiprocessing.spawn" in cmdline(p)]

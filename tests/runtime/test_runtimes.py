@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import children, cmdline, pids
+from procs import cmdline, descendants, is_fork_server, parent, pids
 
 from tba.cli import main
 
@@ -18,9 +18,11 @@ FAULTY = f"{Path(__file__).parent / 'faulty_sampler.py'}:build"  # a sampler tha
 
 
 def child_processes() -> list[int]:
-    """PIDs of live processes whose parent is this test process (Python's own multiprocessing
-    resource_tracker excepted: it is a per-interpreter singleton that exits with its parent)."""
-    return [p for p in children(os.getpid()) if "resource_tracker" not in cmdline(p)]
+    """PIDs of live processes under this test process (Python's own multiprocessing resource_tracker and the
+    fork server excepted: per-interpreter singletons that exit with their parent; a searcher forked from the
+    server is counted)."""
+    me = os.getpid()
+    return [p for p in descendants(me) if "resource_tracker" not in cmdline(p) and not is_fork_server(p, me)]
 
 
 def run(tmp_path, *extra):
@@ -112,4 +114,29 @@ def test_searchers_load_during_the_first_evaluation_and_generate_only_after_it(t
     code, out = run(tmp_path, "runtime=local", "mode=async", "trainer.steps=4", "eval.every_steps=4")
     assert code == 0
     assert seen == [1]  # ready, and nothing else, before the first evaluation ended
+    assert not multiprocessing.active_children() and not child_processes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_local_searchers_start_either_way_and_leave_nothing_running(tmp_path, monkeypatch, start_method):
+    """supervision.start_method: forked from the fork server (the default) or spawned, the run is the same."""
+    from tba.runtime.local import LocalRuntime
+
+    original, seen = LocalRuntime.start, []
+
+    def start(self):
+        original(self)
+        seen.append((self.start_method, [(cmdline(p.pid), parent(p.pid)) for p in self._procs]))
+
+    monkeypatch.setattr(LocalRuntime, "start", start)
+    code, out = run(tmp_path, "runtime=local", "mode=sync", "trainer.steps=4", "eval.every_steps=4",
+                    f"supervision.start_method={start_method}")
+    assert code == 0 and json.loads((out / "summary.json").read_text())["trainer_steps"] == 4
+    (method, procs), = seen
+    assert method == start_method and procs
+    if start_method == "spawn":  # a fresh interpreter, a child of the trainer
+        assert all("multiprocessing.spawn" in cmd and ppid == os.getpid() for cmd, ppid in procs)
+    else:  # a child of the fork server, which is the trainer's
+        assert all(is_fork_server(ppid, os.getpid()) for _, ppid in procs)
     assert not multiprocessing.active_children() and not child_processes()

@@ -1,4 +1,4 @@
-"""Local runtime: searchers in torch.multiprocessing (spawn) processes; weights through a transport.
+"""Local runtime: searchers in torch.multiprocessing processes; weights through a transport.
 
 Topology (built in `launch`):
 
@@ -12,20 +12,22 @@ anywhere: `publish` copies the weights out of the trainer and returns; a searche
 (`Searcher.load_weights`) when it finishes its current batch. In sync mode the searchers generate only when
 the loop asks (one batch each per request), which turns the same components into the alternating baseline.
 
-Lifecycle: `launch` spawns (the loop calls it before the trainer's first evaluation) → each child imports, loads its
-models and reports "ready", then waits for `go` → `start` waits for every "ready" (deadline
-`supervision.ready_timeout_s` from `start`, liveness polled) and sets `go`: a child's seconds of start-up overlap
-the evaluation, and no sample is generated before it ends. A child that raises (its traceback is sent) or dies (kill
--9, OOM: seen by the liveness check) is restarted from its last reported prompt cursor and the newest weights while
-training goes on, up to `supervision.max_restarts` per run; one more failure raises SearcherError with the
-traceback. So is a searcher that is alive but silent (hung, deadlocked, SIGSTOPped): one that owes a batch — async:
-always, sync: once asked — and stays silent past its heartbeat (learnt from its own batch times, capped by
-`supervision.heartbeat_timeout_s`; tba.runtime.supervision) is killed and restarted the same way; a restarted one
-has `supervision.ready_timeout_s` to report ready before its heartbeat clock starts. Messages carry (rank,
-incarnation) so a dead child's late error is not counted twice; its groups are still kept. With `broadcast`, the
-replacement joins a new group that the trainer forms with every searcher (see broadcast.py). Stop → event, join,
-terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns shutdown) and exit on their own if the
-parent disappears, so no process outlives the run.
+Lifecycle: `launch` starts the children (the loop calls it before the trainer's first evaluation), forked from a
+server that has tba imported already (tba.runtime.forkserver) or, with vLLM or supervision.start_method=spawn,
+spawned (each imports tba first) → each child loads its models and reports "ready", then waits for `go` → `start`
+waits for every "ready" (deadline `supervision.ready_timeout_s` from `start`, liveness polled) and sets `go`: a
+child's seconds of start-up overlap the evaluation, and no sample is generated before it ends. A child that raises
+(its traceback is sent) or dies (kill -9, OOM: seen by the liveness check) is restarted from its last reported
+prompt cursor and the newest weights while training goes on, up to `supervision.max_restarts` per run; one more
+failure raises SearcherError with the traceback. So is a searcher that is alive but silent (hung, deadlocked,
+SIGSTOPped): one that owes a batch — async: always, sync: once asked — and stays silent past its heartbeat (learnt
+from its own batch times, capped by `supervision.heartbeat_timeout_s`; tba.runtime.supervision) is killed and
+restarted the same way; a restarted one has `supervision.ready_timeout_s` to report ready before its heartbeat clock
+starts. Messages carry (rank, incarnation) so a dead child's late error is not counted twice; its groups are still
+kept. With `broadcast`, the replacement joins a new group that the trainer forms with every searcher (see
+broadcast.py). Stop → event, join, terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns
+shutdown) and exit on their own once their parent process is gone (the trainer, or the fork server, which exits with
+the trainer), so no process outlives the run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tba.models import resolve_device
+from tba.runtime import forkserver
 from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, build_searcher
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
@@ -52,7 +55,7 @@ from tba.types import Group
 
 @dataclass
 class WorkerArgs:
-    """What a searcher process is started with (pickled by spawn: plain data, transport spec, mp primitives)."""
+    """What a searcher process is started with (pickled: plain data, transport spec, mp primitives)."""
 
     spec: SearcherSpec
     incarnation: int
@@ -67,12 +70,15 @@ class WorkerArgs:
     """Sync mode: a semaphore the trainer releases once per batch it asks for; async: None."""
     go: object
     """Set by `start`: a searcher launched early waits, ready, until the trainer's first evaluation is over."""
-    parent_pid: int
+    context: forkserver.ProcessContext
+    """The trainer's environment, directory and sys.path now (a forked child would otherwise have the server's)."""
 
 
 def _searcher_main(a: WorkerArgs):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rank, out_q, stop, request, parent_pid = a.spec.rank, a.out_q, a.stop, a.request, a.parent_pid
+    a.context.apply()
+    rank, out_q, stop, request = a.spec.rank, a.out_q, a.stop, a.request
+    parent_pid = os.getppid()  # the trainer (spawn) or the fork server: either is gone once the trainer is
     tag = (rank, a.incarnation)
     receiver = None
     try:
@@ -131,7 +137,11 @@ class LocalRuntime(WorkerRuntime):
         goes on (its first evaluation); they generate only once `start` sets `go`."""
         if self._procs:
             return
-        ctx = self._ctx = mp.get_context("spawn")
+        fresh = any(spec.search.backend == "vllm" for spec in self.specs)  # vLLM: LD_PRELOAD, its own workers
+        self.start_method = forkserver.method(self.supervision.start_method, fresh)
+        if self.start_method == "forkserver":
+            forkserver.start()  # a no-op when `tba train` started it already
+        ctx = self._ctx = mp.get_context(self.start_method)
         self.transport = make_sender(self.transport_kind, self._initial, num_searchers=self.n, ctx=ctx,
                                      timeout_s=self.supervision.ready_timeout_s)
         self.transport.publish(self._initial, self._initial_version)
@@ -164,7 +174,7 @@ class LocalRuntime(WorkerRuntime):
     def _spawn(self, rank: int):
         env = self._child_env(self.specs[rank])
         saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # spawn copies this process's environment into the child
+        os.environ.update(env)  # spawn copies this process's environment into the child (never forked: `launch`)
         try:
             return self._start_process(rank)
         finally:
@@ -176,7 +186,7 @@ class LocalRuntime(WorkerRuntime):
 
     def _start_process(self, rank: int):
         args = WorkerArgs(self.specs[rank], self._incarnation[rank], self._states[rank], self.transport.spec(),
-                          self.queue, self.stop_event, self.requests[rank], self.go, os.getpid())
+                          self.queue, self.stop_event, self.requests[rank], self.go, forkserver.ProcessContext())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
         p.start()
         return p
