@@ -42,9 +42,9 @@ NCCLWeightTransferEngine (trl/experimental/async_grpo/weight_transfer.py; no glo
 NCCL needs CUDA devices, so it cannot run on this CPU-only machine. Compare it on a GPU machine.
 
 Known unfairness (not tuned away; report as measured):
-- Start-up: tba's clock starts once its searchers are ready, so a spawned searcher's imports and model load
-  (seconds: bench/results/step_cost/step_cost_hard.md, start-up row) are not on it, while TRL needs none. This
-  favours tba async; add step_cost's start-up difference for launch-to-accuracy.
+- Start-up: without --startup tba's clock starts once its searchers are ready, so their model load (and, spawned,
+  their imports) is not on it, while TRL needs none. This favours tba async; use --startup for launch-to-accuracy
+  (bench/perf/startup.py times the whole `tba train` command, imports included).
 - Objectives differ by design: tba = VarGrad TB with β (an implicit KL to the SFT reference, sequence-level
   residual on summed log-probs); TRL = GRPO defaults, loss_type "dapo" (per-token normalisation, group-std
   advantages), beta = 0.0 (TRL's default: no KL, no reference model), PPO clip inactive (one update per

@@ -1,6 +1,7 @@
 """tba.runtime.forkserver: which runs fork their searchers, when the server is started early, and that a child
 forked from a server started before the trainer changed its environment, directory or sys.path still sees the
-trainer's (the same run with start_method=spawn is in test_runtimes)."""
+trainer's (the environment through `settle`, the rest through multiprocessing; runs with either start method are
+in test_runtimes)."""
 
 import multiprocessing
 import os
@@ -10,7 +11,7 @@ import pytest
 
 from tba.config import load_config
 from tba.runtime import forkserver
-from tba.runtime.forkserver import ProcessContext, method
+from tba.runtime.forkserver import environment, method, settle
 
 
 def test_auto_forks_unless_a_searcher_needs_a_fresh_process():
@@ -35,9 +36,9 @@ def test_started_early_only_for_runs_whose_searchers_fork(monkeypatch, overrides
     assert started == ([True] if starts else [])
 
 
-def _report(context: ProcessContext, q) -> None:
+def _report(env: dict, q) -> None:
     before = os.environ.get("TBA_FORKSERVER_TEST")
-    context.apply()
+    settle(env)
     q.put((before, os.environ.get("TBA_FORKSERVER_TEST"), os.getcwd(), sys.path[0]))
 
 
@@ -48,12 +49,12 @@ def test_a_forked_child_sees_the_trainers_environment_directory_and_path(tmp_pat
     monkeypatch.syspath_prepend(str(tmp_path))
     ctx = multiprocessing.get_context("forkserver")
     q = ctx.Queue()
-    p = ctx.Process(target=_report, args=(ProcessContext(), q))
+    p = ctx.Process(target=_report, args=(environment(), q))
     p.start()
     try:
         before, after, cwd, path0 = q.get(timeout=120)
     finally:
         p.join(timeout=30)
-    assert before is None  # what the server had: without the context the child would miss the change …
+    assert before is None  # what the server had: without `settle` the child would miss the change …
     assert (after, cwd, path0) == ("set after the server started", str(tmp_path), str(tmp_path))  # … with it, not
     assert p.exitcode == 0

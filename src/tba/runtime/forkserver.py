@@ -8,11 +8,13 @@ background), so `tba train` calls it right after reading the config — the serv
 process does the same and builds its models (on two cores: at the same time) — and `tba.build.train` calls it
 again (a no-op once running).
 
-What a forked searcher inherits from the server instead of from the trainer: modules imported and variables read
-at import time are the server's, as of its start. What a run may change later travels with each child
-(`ProcessContext`: environment, working directory, sys.path) and is applied before the searcher is built. vLLM on
-CPU needs LD_PRELOAD at process start, so it is spawned (`method`). The server is this process's child: it exits
-when this process does, and the searchers it forked notice their parent is gone (tba.runtime.local).
+What a forked searcher inherits from the server instead of from the trainer: modules imported, and variables read
+at import time, as of the server's start. multiprocessing itself gives each child the trainer's working directory,
+sys.path and main module (a script's own functions are found as with spawn); the environment the trainer has now
+travels with each child (`environment`, taken by `settle` before the searcher is built). vLLM needs a fresh
+process (LD_PRELOAD on CPU, its own workers), so it is spawned (`method`). The server is this process's child: it
+exits when this process does (`settle`), and the searchers it forked notice their parent is gone
+(tba.runtime.local).
 
 This module imports nothing heavy: the CLI calls it before torch is imported.
 """
@@ -22,8 +24,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import sys
-from dataclasses import dataclass, field
 
 PRELOAD = ("tba.runtime.local", "tba.samplers.hf")
 """What the server imports before its first fork: everything a searcher needs that is tba's own (a plugin of
@@ -57,16 +57,20 @@ def start_early(cfg) -> bool:
     return forks
 
 
-@dataclass
-class ProcessContext:
-    """What a searcher process must share with the trainer at the moment it starts, whichever way it started."""
+def environment() -> dict[str, str]:
+    """The variables a searcher process starts with: this process's, now (the server's are as of its start)."""
+    return dict(os.environ)
 
-    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    cwd: str = field(default_factory=os.getcwd)
-    sys_path: list[str] = field(default_factory=lambda: list(sys.path))
 
-    def apply(self) -> None:
-        os.environ.clear()
-        os.environ.update(self.env)
-        os.chdir(self.cwd)
-        sys.path[:] = self.sys_path
+def settle(env: dict[str, str]) -> None:
+    """A searcher process's first act, however it started: take the trainer's variables (`environment()`) in
+    place of the server's, and, if forked, let go of the server's liveness pipe. multiprocessing hands every forked
+    child a copy of the pipe whose end tells the server its clients have gone (so that a child could fork in
+    turn); held by a searcher, it would keep the server alive after the trainer dies, and the searcher, whose
+    parent is the server, would never see that its trainer is gone."""
+    os.environ.clear()
+    os.environ.update(env)
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:  # None in a spawned process
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None

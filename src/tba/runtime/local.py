@@ -70,13 +70,13 @@ class WorkerArgs:
     """Sync mode: a semaphore the trainer releases once per batch it asks for; async: None."""
     go: object
     """Set by `start`: a searcher launched early waits, ready, until the trainer's first evaluation is over."""
-    context: forkserver.ProcessContext
-    """The trainer's environment, directory and sys.path now (a forked child would otherwise have the server's)."""
+    env: dict[str, str]
+    """The trainer's environment variables now (a forked child would otherwise have the server's)."""
 
 
 def _searcher_main(a: WorkerArgs):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    a.context.apply()
+    forkserver.settle(a.env)
     rank, out_q, stop, request = a.spec.rank, a.out_q, a.stop, a.request
     parent_pid = os.getppid()  # the trainer (spawn) or the fork server: either is gone once the trainer is
     tag = (rank, a.incarnation)
@@ -186,7 +186,7 @@ class LocalRuntime(WorkerRuntime):
 
     def _start_process(self, rank: int):
         args = WorkerArgs(self.specs[rank], self._incarnation[rank], self._states[rank], self.transport.spec(),
-                          self.queue, self.stop_event, self.requests[rank], self.go, forkserver.ProcessContext())
+                          self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
         p.start()
         return p
