@@ -20,8 +20,7 @@ from tba.checks import (
 )
 from tba.episodes import Limits
 from tba.errors import ConfigError
-from tba.runtime import TRANSPORTS
-from tba.runtime.forkserver import START_METHODS
+from tba.runtime import START_METHODS, TRANSPORTS
 from tba.samplers import SAMPLERS
 
 QUANTIZE = ("none", "int8", "int8_weight", "fp8")

@@ -37,3 +37,6 @@ TRANSPORTS: dict[str, str] = {
 }
 """`search.weight_transport` (besides `auto`): each has a sender (`tba.runtime.transport.make_sender`) and a
 receiver."""
+
+START_METHODS = ("auto", "forkserver", "spawn")
+"""`supervision.start_method`: how runtime=local starts searcher processes (tba.runtime.forkserver)."""

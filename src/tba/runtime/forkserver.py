@@ -29,10 +29,6 @@ PRELOAD = ("tba.runtime.local", "tba.samplers.hf")
 """What the server imports before its first fork: everything a searcher needs that is tba's own (a plugin of
 the user's is imported in each child, so an edited file is read afresh)."""
 
-START_METHODS = ("auto", "forkserver", "spawn")
-"""supervision.start_method's choices."""
-
-
 def method(choice: str, needs_fresh_process: bool) -> str:
     """The start method for a run's searcher processes: `choice` (supervision.start_method), where auto is
     forkserver unless a searcher needs variables set before its interpreter starts (`needs_fresh_process`)."""
