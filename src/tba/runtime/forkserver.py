@@ -29,6 +29,13 @@ PRELOAD = ("tba.runtime.local", "tba.samplers.hf")
 """What the server imports before its first fork: everything a searcher needs that is tba's own (a plugin of
 the user's is imported in each child, so an edited file is read afresh)."""
 
+
+def needs_fresh_process(backends) -> bool:
+    """Whether searchers with these sampler backends must start in a fresh interpreter: vLLM reads LD_PRELOAD
+    (on CPU) at process start and starts workers of its own."""
+    return "vllm" in backends
+
+
 def method(choice: str, needs_fresh_process: bool) -> str:
     """The start method for a run's searcher processes: `choice` (supervision.start_method), where auto is
     forkserver unless a searcher needs variables set before its interpreter starts (`needs_fresh_process`)."""
@@ -47,7 +54,8 @@ def start_early(cfg) -> bool:
     """`start` for a run whose local searchers will fork (a config's runtime, backends and start_method), else
     nothing (an idle server importing torch would only compete with the trainer for the cores); says which."""
     backends = [cfg.search.backend, *(g.backend for g in cfg.search.groups or [] if g.backend)]
-    forks = cfg.runtime == "local" and method(cfg.supervision.start_method, "vllm" in backends) == "forkserver"
+    fresh = needs_fresh_process(backends)
+    forks = cfg.runtime == "local" and method(cfg.supervision.start_method, fresh) == "forkserver"
     if forks:
         start()
     return forks

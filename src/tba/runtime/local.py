@@ -137,7 +137,7 @@ class LocalRuntime(WorkerRuntime):
         goes on (its first evaluation); they generate only once `start` sets `go`."""
         if self._procs:
             return
-        fresh = any(spec.search.backend == "vllm" for spec in self.specs)  # vLLM: LD_PRELOAD, its own workers
+        fresh = forkserver.needs_fresh_process([spec.search.backend for spec in self.specs])
         self.start_method = forkserver.method(self.supervision.start_method, fresh)
         if self.start_method == "forkserver":
             forkserver.start()  # a no-op when `tba train` started it already
