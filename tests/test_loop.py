@@ -306,3 +306,25 @@ def test_an_update_with_nothing_young_enough_waits_for_fresh_samples(harness):
     assert len(waits) > 1  # the prefill, then waits for young samples
     assert max(m["staleness/max"] for _, m in logger.lines) <= 1
     assert all("buffer/too_old" in m for _, m in logger.lines)
+
+
+def test_the_prefill_counts_completions_delivered_not_the_unique_ones_kept(harness):
+    """P = 8 completions: a searcher that repeats itself (each batch: 2 prompts × 4 copies of one response) is
+    waited for once — 8 completions delivered, 2 unique kept — not until 8 unique samples exist (never, here)."""
+    make, _ = harness
+    run, events, _ = make(steps=2)
+    waits = []
+
+    def collect(block):
+        if block:
+            waits.append(1)
+            assert len(waits) < 5, "the prefill is still waiting after 4 batches"
+        groups = [group(0, 0), group(1, 0)]
+        for g in groups:
+            for x in g.samples:
+                x.response = [g.prompt_id, 2]
+        return groups
+
+    run.runtime.collect = collect
+    run.run()
+    assert len(waits) == 1 and run.state.received == 8 + 2 * 8 and len(run.buffer) == 2

@@ -102,15 +102,19 @@ class Loop:
         return self.totals()
 
     def prefill(self) -> None:
-        """Wait for P samples before the first update; a new recency window starts at the current step."""
+        """Wait until the searchers have delivered P completions before the first update (the paper's initial
+        buffer: a count of completions generated, not of the unique ones the buffer keeps — a peaked warm start
+        repeats itself, and waiting for P unique ones took 5× as many search batches on arith_hard_cpu); a new
+        recency window starts at the current step."""
         buffer, target = self.buffer, self.settings.prefill_samples if self.runtime.searchers else 0
-        prefilled = len(buffer) < target
-        while len(buffer) < target:
+        prefilled = self.state.received < target
+        while self.state.received < target:
             self.receive(self.runtime.collect(block=True), self.state.step)
         if prefilled or self.state.step == 0:
             buffer.mark_sync(self.state.step)
         if prefilled:
-            self.log(f"buffer prefilled: {len(buffer)} samples over {buffer.num_prompts} prompts")
+            self.log(f"buffer prefilled: {self.state.received} completions received, {len(buffer)} unique over "
+                     f"{buffer.num_prompts} prompts")
         if not len(buffer):
             raise RuntimeError("the replay buffer is empty: nothing to train on")
 
