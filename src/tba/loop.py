@@ -104,8 +104,8 @@ class Loop:
     def prefill(self) -> None:
         """Wait until the searchers have delivered P completions before the first update (the paper's initial
         buffer: a count of completions generated, not of the unique ones the buffer keeps — a peaked warm start
-        repeats itself, and waiting for P unique ones took 5× as many search batches on arith_hard_cpu); a new
-        recency window starts at the current step."""
+        repeats itself, so P unique ones can take many times the search batches); a new recency window starts at
+        the current step."""
         buffer, target = self.buffer, self.settings.prefill_samples if self.runtime.searchers else 0
         prefilled = self.state.received < target
         while self.state.received < target:
