@@ -28,7 +28,7 @@ from bench.lib.header import header
 from bench.lib.paths import RESULTS
 from tba.build import build_models, build_task
 from tba.config import load_config
-from tba.episodes import run_episodes, turns
+from tba.episodes import Limits, run_episodes, turns
 from tba.evaluate import episode_metrics
 from tba.offline_data import make_groups, read_rows
 from tba.tasks.prepare import apply_chat_template
@@ -48,7 +48,7 @@ def main() -> None:
     task = build_task(cfg)
     tokenizer, policy, _, _ = build_models(cfg, task, log=lambda m: None)
     apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)
-    limits = cfg.search.episode_limits(cfg.eval.max_new_tokens)
+    limits = Limits.of(cfg.search, cfg.eval.max_new_tokens)
     torch.manual_seed(args.seed)
     body = ""
     if args.samples:
@@ -87,7 +87,7 @@ def demonstrations_under_ref(cfg, task, tokenizer, reference, n: int) -> str:
     rows = read_rows(data, task, cfg.seed)[:n]
     groups, report = make_groups(rows, data, task=task, prompt_ids={}, tokenizer=tokenizer, reference=reference,
                                  temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens,
-                                 limits=cfg.search.episode_limits())
+                                 limits=Limits.of(cfg.search))
     samples = [s for g in groups for s in g.samples]
     logp = sorted(sum(s.ref_logprobs) for s in samples)
     beta_max = sorted(s.reward / -sum(s.ref_logprobs) for s in samples if s.reward > 0)

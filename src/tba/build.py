@@ -25,6 +25,7 @@ from tba.buffer import ReplayBuffer
 from tba.checkpoint import Checkpointer, CheckpointError
 from tba.config import RunConfig, plain, save_config, to_dict
 from tba.errors import ConfigError
+from tba.episodes import Limits
 from tba.evaluate import Evaluator
 from tba.loop import Loop, LoopSettings
 from tba.metrics import MetricsLogger, run_summary
@@ -173,7 +174,7 @@ def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: di
     rows = read_rows(d, task, cfg.seed)
     groups, report = make_groups(rows, d, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference,
                                  temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens,
-                                 limits=cfg.search.episode_limits())
+                                 limits=Limits.of(cfg.search))
     if not groups:
         raise DataLoadError(f"data.source: {d.source}: no usable row ({report.line(d.name)})")
     buffer.extend(groups, step=0)  # one transaction: every group of the data, or none
@@ -343,7 +344,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
                             sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"),
                             log=log)
     evaluator = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
-                          limits=cfg.search.episode_limits(cfg.eval.max_new_tokens))
+                          limits=Limits.of(cfg.search, cfg.eval.max_new_tokens))
     identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
     return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, evaluator, fitted, identity, data)
 

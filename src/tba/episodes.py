@@ -63,6 +63,14 @@ class Limits:
     max_tokens: int = 256
     timeout_s: float = 10.0
 
+    @classmethod
+    def of(cls, search, max_new_tokens: int | None = None) -> Limits:
+        """The limits a `search` section sets (`max_new_tokens`: another per-turn length, evaluation's); the token
+        budget defaults to max_turns × the per-turn length × 2 (the policy's turns and as much environment text)."""
+        per_turn = max_new_tokens or search.max_new_tokens
+        return cls(max_turns=search.max_turns, timeout_s=search.env_timeout_s,
+                   max_tokens=search.max_episode_tokens or search.max_turns * per_turn * 2)
+
 
 @dataclass
 class Episode:

@@ -18,7 +18,6 @@ from tba.checks import (
     positive_or_none,
     probability,
 )
-from tba.episodes import Limits
 from tba.errors import ConfigError
 from tba.runtime import START_METHODS, TRANSPORTS
 from tba.samplers import SAMPLERS
@@ -128,12 +127,6 @@ class SearchConfig:
     """Several behaviour policies feeding one buffer, e.g. [{name: policy, num_searchers: 1}, {name: explore,
     temperature: 1.5, sync: false}, {name: teacher, policy: runs/old/checkpoint}]. null = one group, "policy",
     of num_searchers searchers with the settings above."""
-
-    def episode_limits(self, max_new_tokens: int | None = None):
-        """The tba.episodes limits these settings give (`max_new_tokens`: another per-turn length, evaluation's)."""
-        per_turn = max_new_tokens or self.max_new_tokens
-        return Limits(max_turns=self.max_turns, timeout_s=self.env_timeout_s,
-                      max_tokens=self.max_episode_tokens or self.max_turns * per_turn * 2)
 
     def check(self) -> None:
         if self.groups is None:

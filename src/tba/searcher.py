@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from tba.episodes import END_REASONS, policy_logprobs, run_episodes
+from tba.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
 from tba.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
 from tba.schema import SearchConfig
@@ -41,7 +41,7 @@ class Searcher:
         shard: int = 0, num_shards: int = 1, source: str = "policy", scoring_temperature: float | None = None,
     ):
         """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature)."""
-        self.limits = cfg.episode_limits()  # a multi-turn task's
+        self.limits = Limits.of(cfg)  # a multi-turn task's
         self.episode_ends = dict.fromkeys(END_REASONS, 0)  # episodes ever ended, by reason
         self.sampler, self.reference, self.tokenizer, self.task, self.cfg = sampler, reference, tokenizer, task, cfg
         self.source = source
