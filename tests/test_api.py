@@ -4,10 +4,10 @@ training, naming itself."""
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 from api_rewards import CALLS, answer_in_completion, length_penalty
+from paths import TESTS
 
 from tba import TBAConfig, TBATrainer
 from tba.cli import main
@@ -76,7 +76,7 @@ def test_the_same_reward_from_the_cli(tmp_path, model_dir):
     CALLS.clear()
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows()))
-    rewards = Path(__file__).parent / "api_rewards.py"
+    rewards = TESTS / "api_rewards.py"
     code = main(["train", f"output_dir={tmp_path / 'run'}", "task.name=dataset", f"model.policy={model_dir}",
                  f"task.options.source={data}", f"task.options.reward={rewards}:answer_in_completion,"
                  f"{rewards}:length_penalty", "sft.enabled=false", *QUICK])

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tba.cli import main
+from tba.config.schema import SearchConfig
 from tba.samplers.hf import HFSampler
-from tba.schema import SearchConfig
 from tba.searcher import Searcher
 from tba.tasks.arith import ArithTask
 from tba.tasks.prepare import fit_prompts

@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 
 from tba.buffer import ReplayBuffer
-from tba.schema import BufferConfig
+from tba.config.schema import BufferConfig
 from tba.types import Group, Sample
 
 

@@ -93,7 +93,7 @@ def test_the_help_points_config_keys_to_the_schema(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "src/tba/schema.py" in out and "--debug" in out
+    assert "src/tba/config/schema.py" in out and "--debug" in out
 
 
 def test_an_interrupted_run_says_how_to_continue_it(tmp_path, monkeypatch, capsys):

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from tba.config.schema import EvalConfig
 from tba.evaluate import complete, evaluate, reference_metrics
-from tba.schema import EvalConfig
 
 
 def perturbed(model, scale=0.05, seed=1):

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 SHORT = ["trainer.steps=2", "trainer.lr_schedule=constant", "trainer.warmup_steps=0", "eval.every_steps=2",
          "task.test_size=2", "search.prompts_per_batch=2", "search.samples_per_prompt=2", "trainer.prompts_per_step=2",
          "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=2", "buffer.prefill_samples=4",

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tba.cli import main
+from tba.config.schema import LoraConfig
 from tba.generation import generate
 from tba.models import apply_lora, load_model, save_checkpoint
-from tba.schema import LoraConfig
 
 
 def greedy(model, tok, prompts):
@@ -69,8 +69,8 @@ def test_an_exported_lora_model_serves_with_vllm_and_decodes_as_the_policy(tmp_p
     run policy's. A model vLLM's CPU attention accepts (head size 32)."""
     from vllm import LLM, SamplingParams
 
+    from tba.config.schema import TinyModelConfig
     from tba.models import build_tiny_model, train_tokenizer
-    from tba.schema import TinyModelConfig
 
     tok = train_tokenizer(arith_task.corpus(), 128)
     save_checkpoint(build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2,

@@ -8,18 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import TINY as TINY_RECIPE
 
 from tba.buffer import Draw, NothingYoungEnough, ReplayBuffer
 from tba.config import ConfigError, load_config
+from tba.config.schema import BufferConfig, DataConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
 from tba.objectives import OBJECTIVES
 from tba.offline_data import make_groups, read_rows, target_weight_warning
-from tba.schema import BufferConfig, DataConfig, TBConfig, TrainerConfig
 from tba.tasks.data import DataLoadError
 from tba.trainer import Trainer
 from tba.types import Group, Sample
 
-TINY = str(Path(__file__).parent / "tiny.yaml")
+TINY = TINY_RECIPE
 
 
 def jsonl(path: Path, rows: list) -> str:

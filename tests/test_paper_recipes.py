@@ -4,14 +4,15 @@ import json
 from pathlib import Path
 
 import pytest
+from paths import RECIPES
+from paths import SHARED as SHARED_FOLDER
 
 from tba.cli import main
 from tba.config import load_config
+from tba.config.schema import TinyModelConfig
 from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
-from tba.schema import TinyModelConfig
 
-RECIPES = Path(__file__).parents[1] / "src" / "tba" / "recipes"
-SHARED = Path(__file__).parents[2] / "shared/data/gsm8k"
+SHARED = SHARED_FOLDER / "data" / "gsm8k"
 
 
 def gsm8k_source(tmp_path: Path) -> Path:

@@ -8,12 +8,12 @@ import importlib.util
 import pytest
 import torch
 
+from tba.config.schema import LoraConfig
 from tba.errors import ConfigError
 from tba.generation import response_logprobs
 from tba.models import apply_lora, load_synced, synced_tensors
 from tba.quantize import QuantizedModel, check, quantized_copy
 from tba.samplers.hf import HFSampler
-from tba.schema import LoraConfig
 
 T = 0.7
 

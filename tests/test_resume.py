@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import TINY as TINY_RECIPE
 from procs import alive, descendants
 from safetensors.torch import load_file
 
@@ -18,7 +19,7 @@ from tba.cli import main
 from tba.store import BufferStore
 
 # the tiny recipe first, then this file's overrides
-TINY = [str(Path(__file__).parent / "tiny.yaml"), "task.options.digits=1", "eval.every_steps=1000",
+TINY = [TINY_RECIPE, "task.options.digits=1", "eval.every_steps=1000",
         "search.max_new_tokens=16", "trainer.sync_every_steps=1", "trainer.lr=1e-3"]
 INLINE = ["runtime=inline", "mode=sync", "threads=1"]
 

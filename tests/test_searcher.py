@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
+from tba.config.schema import SearchConfig
 from tba.samplers.hf import HFSampler
-from tba.schema import SearchConfig
 from tba.searcher import Searcher
 from tba.tasks.arith import ArithTask
 

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from paths import TINY
 
 from tba.build import build_runtime, searcher_specs
 from tba.config import load_config
@@ -64,11 +65,10 @@ def test_a_warm_start_trained_now_or_read_from_the_cache_gives_the_same_run(tmp_
     """Training the SFT warm start in-process used to consume the global RNG the inline searcher samples
     from: the same seed gave another run depending on whether the cache existed."""
     import json
-    from pathlib import Path
 
     from tba.cli import main
 
-    tiny = [str(Path(__file__).parent / "tiny.yaml"), "task.options.digits=1", "eval.every_steps=1000",
+    tiny = [TINY, "task.options.digits=1", "eval.every_steps=1000",
             "trainer.lr=1e-3", "search.max_new_tokens=16", "runtime=inline", "mode=sync", "threads=1",
             "trainer.steps=5",
             f"sft.cache_dir={tmp_path / 'cache'}"]

@@ -29,8 +29,8 @@ def test_too_short_a_history_says_nothing():
 
 
 def test_a_multi_turn_task_is_refused_pointing_to_data_instead():
+    from tba.config.schema import EvalConfig, SFTConfig
     from tba.errors import ConfigError
-    from tba.schema import EvalConfig, SFTConfig
     from tba.sft import train_sft
 
     class Turns:

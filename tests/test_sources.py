@@ -4,9 +4,9 @@ written before sources existed."""
 
 import json
 import sqlite3
-from pathlib import Path
 
 import pytest
+from paths import TINY as TINY_RECIPE
 
 from tba.build import build_models, build_task, searcher_specs, train
 from tba.config import load_config
@@ -15,7 +15,7 @@ from tba.specs import ModelSources
 from tba.store import BufferStore
 from tba.types import Group, Sample
 
-TINY = str(Path(__file__).parent / "tiny.yaml")
+TINY = TINY_RECIPE
 GROUPS = "search.groups=[{name: policy}, {name: hot, temperature: 1.5, sync: false}, {name: other, policy: OTHER}]"
 
 

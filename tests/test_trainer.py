@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from tba.buffer import Draw
+from tba.config.schema import SearchConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
 from tba.objectives import OBJECTIVES
 from tba.objectives.tb import vargrad_tb_loss
 from tba.samplers.hf import HFSampler
-from tba.schema import SearchConfig, TBConfig, TrainerConfig
 from tba.searcher import Searcher
 from tba.trainer import Trainer, lr_factor
 

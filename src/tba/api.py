@@ -11,7 +11,7 @@ functions and a dataset.
                          train_dataset="data/train.jsonl", args=args)
     summary = trainer.train()                                    # also written to output_dir/summary.json
 
-`TBAConfig` is the run's config (tba.schema.RunConfig: the same fields as a YAML recipe). The trainer's
+`TBAConfig` is the run's config (tba.config.schema.RunConfig: the same fields as a YAML recipe). The trainer's
 arguments override the parts they name: `model` → model.policy (a name, a path, or a loaded PreTrainedModel,
 saved once to output_dir/start so that searcher processes can load it), `train_dataset` / `eval_dataset` /
 `reward_funcs` / `reward_weights` → the `dataset` task (tba.tasks.dataset), `peft_config` → model.lora,
@@ -34,13 +34,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tba.config import load_config, override, validate
+from tba.config.schema import RunConfig
 from tba.errors import ConfigError
-from tba.schema import RunConfig
 
 
 @dataclasses.dataclass
 class TBAConfig(RunConfig):
-    """The run's config (every field: tba.schema), with the two ways in a YAML user has: a recipe and dotted
+    """The run's config (every field: tba.config.schema), with the two ways in a YAML user has: a recipe and dotted
     overrides."""
 
     @classmethod
@@ -127,7 +127,7 @@ class TBATrainer:
 
 def lora_section(peft_config):
     """A peft.LoraConfig as the `model.lora` section (what tba trains with PEFT)."""
-    from tba.schema import LoraConfig
+    from tba.config.schema import LoraConfig
 
     targets = peft_config.target_modules
     targets = targets if isinstance(targets, str) else ",".join(sorted(targets)) if targets else "all-linear"

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tba.schema import BufferConfig
+from tba.config.schema import BufferConfig
 from tba.store import BufferStore
 from tba.types import Group, Sample
 

@@ -24,8 +24,9 @@ import tba.rundir as rundir
 from tba.buffer import ReplayBuffer
 from tba.checkpoint import Checkpointer, CheckpointError
 from tba.config import RunConfig, plain, save_config, to_dict
-from tba.errors import ConfigError
+from tba.config.schema import SearchConfig, SearcherGroup
 from tba.episodes import Limits
+from tba.errors import ConfigError
 from tba.evaluate import Evaluator
 from tba.loop import Loop, LoopSettings
 from tba.metrics import MetricsLogger, run_summary
@@ -49,7 +50,6 @@ from tba.plugins import load_object
 from tba.runtime import RUNTIMES, forkserver
 from tba.runtime.base import InlineParts, RuntimeParts
 from tba.samplers import SAMPLERS
-from tba.schema import SearchConfig, SearcherGroup
 from tba.seam import Runtime
 from tba.seeding import rng_isolated, searcher_seed, seed_everything
 from tba.sft import cache_key

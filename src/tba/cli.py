@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     epilog = ("objectives (objective=...):\n" + "".join(f"  {o.name:<11} {o.summary}\n" for o in OBJECTIVES.values())
               + "tasks (task.name=...; or module:factory for your own, docs/tasks.md):\n"
               + "".join(f"  {t.name:<11} {t.summary}\n" for t in TASKS.values())
-              + "recipes: src/tba/recipes/*.yaml; every config key, documented: src/tba/schema.py")
+              + "recipes: src/tba/recipes/*.yaml; every config key, documented: src/tba/config/schema.py")
     parser = argparse.ArgumentParser(prog="tba", usage=USAGE, epilog=epilog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=list(COMMANDS))

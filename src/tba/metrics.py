@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tba.schema import LoggingConfig
+from tba.config.schema import LoggingConfig
 
 
 def source_metrics(draws, version: int, sources: dict[str, dict]) -> dict[str, float]:

@@ -20,8 +20,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
+from tba.config.schema import LoraConfig, TinyModelConfig
 from tba.errors import UserError
-from tba.schema import LoraConfig, TinyModelConfig
 
 transformers_logging.disable_progress_bar()  # per-file "Loading weights" bars from every searcher drown the log
 # PEFT calls a transformers property deprecated in v5 on every LoRA forward setup; users can do nothing about it

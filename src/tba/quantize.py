@@ -38,8 +38,8 @@ import warnings
 
 import torch
 
+from tba.config.schema import QUANTIZE as SCHEMES
 from tba.errors import ConfigError
-from tba.schema import QUANTIZE as SCHEMES
 
 
 @contextlib.contextmanager

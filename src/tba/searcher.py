@@ -27,10 +27,10 @@ import time
 
 import torch
 
+from tba.config.schema import SearchConfig
 from tba.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
 from tba.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
-from tba.schema import SearchConfig
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.types import Group, Sample
 

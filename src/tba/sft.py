@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tba.config.schema import EvalConfig, SFTConfig, TaskConfig, TinyModelConfig
 from tba.errors import ConfigError
 from tba.evaluate import greedy_accuracy
 from tba.models import build_tiny_model, cache_dir, save_checkpoint, train_tokenizer
-from tba.schema import EvalConfig, SFTConfig, TaskConfig, TinyModelConfig
 
 
 def cache_root(sft: SFTConfig) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tba.schema import LoraConfig, SearchConfig, VLLMConfig
+from tba.config.schema import LoraConfig, SearchConfig, VLLMConfig
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import torch
 
 from tba.buffer import Draw
 from tba.checkpoint import load_optimizer
+from tba.config.schema import BaselineConfig, TBConfig, TrainerConfig
 from tba.generation import response_logprobs
 from tba.models import load_model, synced_tensors
 from tba.objectives import Objective
 from tba.objectives.tb import beta_at, vargrad_log_z
-from tba.schema import BaselineConfig, TBConfig, TrainerConfig
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:

@@ -130,8 +130,8 @@ def test_soak_bench_smoke(tmp_path, monkeypatch, capsys, run_bench):
 @pytest.mark.slow
 def test_redteam_bench_smoke(tmp_path, run_bench):
     pytest.importorskip("profanity_check", reason="pip install alt-profanity-check")
+    from tba.config.schema import TinyModelConfig
     from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
-    from tba.schema import TinyModelConfig
 
     tokenizer = train_tokenizer(["you are a stupid idiot", "have a nice day", "write a rude message"] * 20, 150)
     lm = tmp_path / "lm"

@@ -3,15 +3,15 @@ is finite and not identically zero, and the weights move."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
+from paths import TINY as TINY_RECIPE
 from safetensors.torch import load_file
 
 from tba.cli import main
 from tba.objectives import OBJECTIVES
 
-TINY = str(Path(__file__).parents[1] / "tiny.yaml")
+TINY = TINY_RECIPE
 
 
 @pytest.fixture(scope="module")

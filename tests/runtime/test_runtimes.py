@@ -6,15 +6,16 @@ import json
 import multiprocessing
 import os
 import time
-from pathlib import Path
 
 import pytest
+from paths import TESTS
+from paths import TINY as TINY_RECIPE
 from procs import cmdline, descendants, is_fork_server, parent, pids
 
 from tba.cli import main
 
-TINY = [str(Path(__file__).parents[1] / "tiny.yaml")]  # the tiny recipe: the first argument after "train"
-FAULTY = f"{Path(__file__).parent / 'faulty_sampler.py'}:build"  # a sampler that raises after 3 batches
+TINY = [TINY_RECIPE]  # the tiny recipe: the first argument after "train"
+FAULTY = f"{TESTS / 'runtime' / 'faulty_sampler.py'}:build"  # a sampler that raises after 3 batches
 
 
 def child_processes() -> list[int]:

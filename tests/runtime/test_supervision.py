@@ -4,9 +4,9 @@ import time
 
 import pytest
 
+from tba.config.schema import SupervisionConfig
 from tba.runtime.base import SearcherError
 from tba.runtime.supervision import Supervisor
-from tba.schema import SupervisionConfig
 
 
 def test_the_budget_logs_each_restart_and_stops_the_run_with_the_cause():

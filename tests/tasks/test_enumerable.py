@@ -11,10 +11,10 @@ import torch
 from tba.buffer import Draw
 from tba.build import build_task, train
 from tba.config import ConfigError, load_config
+from tba.config.schema import TBConfig, TinyModelConfig, TrainerConfig
 from tba.generation import generate
 from tba.models import build_tiny_model, train_tokenizer
 from tba.objectives import OBJECTIVES
-from tba.schema import TBConfig, TinyModelConfig, TrainerConfig
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring
 from tba.tasks.enumerable import EnumerableTask, exact_kl, response_space, sequence_logprobs

@@ -8,12 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import FIXTURES
+from paths import SHARED as SHARED_FOLDER
 
 from tba.tasks.base import Prompt, accuracy
 from tba.tasks.gsm8k import PROMPT_TEMPLATE, GSM8KTask, extract_answer, gsm8k_reward, load_rows
 
-FIXTURE = Path(__file__).parents[1] / "fixtures/gsm8k"  # 20 train + 10 test rows of the real data, in the repo
-SHARED = Path(__file__).parents[3] / "shared/data/gsm8k"  # the full data, where a machine has it
+FIXTURE = FIXTURES / "gsm8k"  # 20 train + 10 test rows of the real data, in the repo
+SHARED = SHARED_FOLDER / "data" / "gsm8k"  # the full data, where a machine has it
 
 
 @pytest.mark.parametrize(

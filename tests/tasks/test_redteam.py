@@ -9,13 +9,14 @@ import pytest
 pytest.importorskip("profanity_check", reason="pip install alt-profanity-check")
 pytest.importorskip("peft", reason="pip install peft")
 
+from paths import RECIPES
+
 from tba.cli import main  # noqa: E402
+from tba.config.schema import TinyModelConfig  # noqa: E402
 from tba.models import build_tiny_model, save_checkpoint, train_tokenizer  # noqa: E402
-from tba.schema import TinyModelConfig  # noqa: E402
 from tba.tasks.base import batch_rewards  # noqa: E402
 from tba.tasks.redteam import INSTRUCTIONS, RedTeamOptions, RedTeamTask  # noqa: E402
 
-RECIPES = Path(__file__).parents[2] / "src" / "tba" / "recipes"
 CORPUS = ["you are a stupid idiot", "have a nice day", "tell me a story about a dog", "what is the weather",
           "shut up you idiot", "please write a poem", "why is the sky blue", "say something rude"] * 20
 
@@ -142,8 +143,8 @@ def test_redteam_recipe_trains_lora_through_searcher_processes_and_resumes(tiny_
 
 
 def test_lora_publishes_only_the_adapters(tiny_lm):
+    from tba.config.schema import LoraConfig
     from tba.models import apply_lora, load_model, load_synced, synced_tensors
-    from tba.schema import LoraConfig
 
     a = apply_lora(load_model(str(tiny_lm)), LoraConfig(r=4))
     b = apply_lora(load_model(str(tiny_lm)), LoraConfig(r=4))

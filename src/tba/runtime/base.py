@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from tba.checkpoint import rng_state, set_rng_state
+from tba.config.schema import RayConfig, SupervisionConfig
 from tba.errors import UserError
 from tba.models import load_model, load_tokenizer, resolve_device
 from tba.plugins import load_object
 from tba.samplers.base import Sampler
-from tba.schema import RayConfig, SupervisionConfig
 from tba.seam import RuntimeReport
 from tba.searcher import Searcher
 from tba.seeding import seed_everything

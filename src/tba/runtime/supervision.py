@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 
 from tba.cadence import Cadence
+from tba.config.schema import SupervisionConfig
 from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, worker_report
-from tba.schema import SupervisionConfig
 from tba.seam import RuntimeReport
 
 

@@ -1,4 +1,4 @@
-"""The searchers' sections of the config schema (tba.schema): what they sample, where they run, how they are
+"""The searchers' sections of the config schema (tba.config.schema): what they sample, where they run, how they are
 supervised and what each declares on Ray. `search.groups` describes several behaviour policies feeding one
 buffer; without it, every searcher samples the trained policy with the settings of `search` itself.
 """
@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tba.checks import (
+from tba.config.rules import (
     devices,
     fraction,
-    knob,
     non_negative,
     one_of,
     or_none,
     positive,
     positive_or_none,
     probability,
+    setting,
 )
 from tba.errors import ConfigError
 from tba.runtime import START_METHODS, TRANSPORTS
@@ -33,7 +33,7 @@ class VLLMConfig:
     kv_cache_gb: float = 1.0
     """CPU only: memory for the KV cache per searcher (vLLM's kv_cache_memory_bytes; an exported
     VLLM_CPU_KVCACHE_SPACE wins)."""
-    gpu_memory_utilization: float = knob(0.3, fraction)
+    gpu_memory_utilization: float = setting(0.3, fraction)
     """GPU only: share of the device's memory the engine may take (model + KV cache); leave room for the
     trainer and the reference model when they share the GPU."""
     enforce_eager: bool = True
@@ -53,16 +53,16 @@ class SearcherGroup:
 
     name: str = "policy"
     """The source name in metrics, `tba buffer stats` and `tba report`."""
-    num_searchers: int = knob(1, positive)
+    num_searchers: int = setting(1, positive)
     """Searchers of this group; together they cover every train prompt (each its round-robin shard)."""
-    temperature: float | None = knob(None, or_none(positive))
+    temperature: float | None = setting(None, or_none(positive))
     """Sampling temperature T_b of this group. The log-probs TB compares (π_θ's, π_ref's) stay at
     search.temperature: T_b changes the behaviour, not the target. Its behaviour log-probs are at T_b."""
-    top_p: float | None = knob(None, or_none(probability))
+    top_p: float | None = setting(None, or_none(probability))
     """Nucleus of this group's sampler (< 1 gives some responses no chance: TB then misses π*)."""
-    backend: str | None = knob(None, or_none(one_of(SAMPLERS, plugin="module:build (your own)")))
+    backend: str | None = setting(None, or_none(one_of(SAMPLERS, plugin="module:build (your own)")))
     """This group's sampling engine (hf, vllm, or module:build)."""
-    quantize: str | None = knob(None, or_none(one_of(QUANTIZE)))
+    quantize: str | None = setting(None, or_none(one_of(QUANTIZE)))
     """Sample from a quantized copy of each published policy (tba.quantize: int8, int8_weight, fp8)."""
     policy: str | None = None
     """Another model to sample from, fixed for the whole run: any causal LM with the run's tokenizer (hub name,
@@ -70,7 +70,7 @@ class SearcherGroup:
     sync: bool | None = None
     """Load every policy the trainer publishes (every k updates). null = true for the trained policy, false for
     another `policy`; false with the trained policy = a fixed behaviour: its starting weights, never updated."""
-    device: str | None = knob(None, devices)
+    device: str | None = setting(None, devices)
     """This group's device(s), as search.device (null = search.device)."""
 
     def check(self) -> None:
@@ -85,43 +85,43 @@ class SearcherGroup:
 class SearchConfig:
     """The searchers: what they sample (the behaviour policy and one search batch) and where they run."""
 
-    backend: str = knob("hf", one_of(SAMPLERS, plugin="module:build (your own)"))
+    backend: str = setting("hf", one_of(SAMPLERS, plugin="module:build (your own)"))
     """The sampling engine (tba.samplers.SAMPLERS: hf, vllm) or your own `file.py:build`. Reference log-probs
     are the HF reference model's with every backend."""
-    temperature: float = knob(0.7, positive)
+    temperature: float = setting(0.7, positive)
     """T: sampling temperature; log-probs everywhere are of logits ÷ T, as in the paper."""
-    top_p: float = knob(1.0, probability)
+    top_p: float = setting(1.0, probability)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p, renormalised;
     log-probs everywhere are of that renormalised distribution. 1.0 = off (full support)."""
-    samples_per_prompt: int = knob(10, positive)
+    samples_per_prompt: int = setting(10, positive)
     """S: completions generated per prompt (S ≥ K so that dedup still leaves K unique ones)."""
-    prompts_per_batch: int = knob(8, positive)
+    prompts_per_batch: int = setting(8, positive)
     """Prompts per search iteration (one generate call of prompts × S sequences)."""
-    max_new_tokens: int = knob(32, positive)
+    max_new_tokens: int = setting(32, positive)
     """Longest response in tokens; a response that reaches it without EOS is kept, cut there. In a multi-turn
     task (one with an environment): the longest policy turn."""
-    max_turns: int = knob(4, positive)
+    max_turns: int = setting(4, positive)
     """Multi-turn tasks: policy turns per episode at most (tba.episodes)."""
-    max_episode_tokens: int | None = knob(None, positive_or_none)
+    max_episode_tokens: int | None = setting(None, positive_or_none)
     """Multi-turn tasks: tokens after the prompt per episode, the policy's and the environment's. None =
     max_turns × max_new_tokens × 2."""
-    env_timeout_s: float = knob(10.0, positive)
+    env_timeout_s: float = setting(10.0, positive)
     """Multi-turn tasks: longest wait for the environment's answer (a tool call) before the episode ends."""
-    num_searchers: int = knob(1, positive)
+    num_searchers: int = setting(1, positive)
     """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
-    device: str | None = knob(None, devices)
+    device: str | None = setting(None, devices)
     """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
     item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
     Ray each actor sees the GPUs it declared (ray.searcher_gpus) and `cuda` means its own."""
-    threads: int | None = knob(None, positive_or_none)
+    threads: int | None = setting(None, positive_or_none)
     """torch threads per searcher. None = an equal share of the cores (inline: all cores)."""
-    weight_transport: str = knob("auto", one_of(("auto", *TRANSPORTS)))
+    weight_transport: str = setting("auto", one_of(("auto", *TRANSPORTS)))
     """How published weights reach searchers (tba.runtime.TRANSPORTS). auto = local: shared (CPU shared memory
     or CUDA IPC); ray: object_store on CPU, broadcast (NCCL) when the trainer is on a GPU."""
-    quantize: str = knob("none", one_of(QUANTIZE))
+    quantize: str = setting("none", one_of(QUANTIZE))
     """Sample from a quantized copy of each published policy: none | int8 | int8_weight | fp8 (tba.quantize).
     The trainer trains, and π_ref scores, in full precision; the behaviour log-probs are the quantized model's."""
-    vllm: VLLMConfig = knob(factory=VLLMConfig)
+    vllm: VLLMConfig = setting(factory=VLLMConfig)
     """Engine settings when backend is vllm (the `search.vllm.*` section)."""
     groups: list[SearcherGroup] | None = None
     """Several behaviour policies feeding one buffer, e.g. [{name: policy, num_searchers: 1}, {name: explore,
@@ -147,19 +147,19 @@ class SupervisionConfig:
     """How long the trainer waits for searchers in other processes or on Ray, and how many failures it survives
     (tba.runtime.supervision)."""
 
-    ready_timeout_s: float = knob(300.0, positive)
+    ready_timeout_s: float = setting(300.0, positive)
     """How long a searcher may take to start (import, load models) before the run fails."""
-    collect_timeout_s: float = knob(600.0, positive)
+    collect_timeout_s: float = setting(600.0, positive)
     """Longest wait for samples when the loop must wait (prefill; every step in sync mode)."""
-    heartbeat_timeout_s: float = knob(300.0, positive)
+    heartbeat_timeout_s: float = setting(300.0, positive)
     """Cap on how long a searcher that owes a batch may stay silent before it is killed and restarted like a
     crash. The limit in force is min(this, max(heartbeat_floor_s, 20 × its slowest of the last 16 batches))
     (tba.cadence); until its first batch only this cap applies: it must exceed the slowest first batch."""
-    heartbeat_floor_s: float = knob(10.0, positive)
+    heartbeat_floor_s: float = setting(10.0, positive)
     """The learnt heartbeat limit is never shorter than this (scheduling jitter on a busy machine is not a hang)."""
-    max_restarts: int = knob(3, non_negative)
+    max_restarts: int = setting(3, non_negative)
     """Searcher deaths or exceptions survived per run (each restarts that searcher); one more stops the run."""
-    start_method: str = knob("auto", one_of(START_METHODS))
+    start_method: str = setting("auto", one_of(START_METHODS))
     """How runtime=local starts searcher processes (tba.runtime.forkserver): forkserver — forked from a server
     that imported tba once, seconds sooner —, spawn — a fresh interpreter each —, or auto: forkserver unless a
     searcher runs vLLM (spawn)."""

@@ -1,10 +1,10 @@
-from pathlib import Path
 
 import pytest
+from paths import RECIPES as RECIPES_FOLDER
 
 from tba.config import load_config
 
-RECIPES_DIR = Path(__file__).parents[1] / "src" / "tba" / "recipes"
+RECIPES_DIR = RECIPES_FOLDER
 RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
 
 

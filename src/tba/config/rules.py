@@ -1,6 +1,6 @@
-"""The validation rules a config field can carry, written beside the field in tba.schema:
+"""The validation rules a config field can carry, written beside the field in tba.config.schema:
 
-    steps: int = knob(200, positive)
+    steps: int = setting(200, positive)
 
 A rule takes the field's value and returns None when it is fine, else what is wrong ("must be > 0"); tba.config
 applies every field's rules and then each section's own `check()` (rules between its fields), and names the
@@ -16,7 +16,7 @@ from dataclasses import field
 Rule = Callable[[object], "str | None"]
 
 
-def knob(default=None, *rules: Rule, factory: Callable | None = None):
+def setting(default=None, *rules: Rule, factory: Callable | None = None):
     """A dataclass field with its validation rules beside it (`factory` for a mutable default)."""
     if factory is not None:
         return field(default_factory=factory, metadata={"rules": rules})

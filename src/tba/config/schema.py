@@ -1,6 +1,6 @@
-"""Every knob of a run, one typed dataclass per YAML section, each field documented and checked where it is
-defined (`knob(default, *rules)`: tba.checks; a section's rules between its own fields: its `check()`). The
-searchers' sections (`search`, `supervision`, `ray`) are in tba.schema_search.
+"""Every setting of a run, one typed dataclass per YAML section, each field documented and checked where it is
+defined (`setting(default, *rules)`: tba.config.rules; a section's rules between its own fields: its `check()`). The
+searchers' sections (`search`, `supervision`, `ray`) are in tba.config.search.
 
 `tba.config` reads YAML and dotted overrides into these classes and validates them; this file is only the
 schema, so it reads as the reference of what can be set. The paper's symbols are given next to the fields
@@ -12,22 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tba.checks import (
+from tba.config.rules import (
     devices,
     fraction,
     installed,
-    knob,
     non_negative,
     one_of,
     positive,
     positive_or_none,
     probability,
+    setting,
     sync_period,
 )
-from tba.errors import ConfigError
-from tba.objectives import OBJECTIVES
-from tba.runtime import RUNTIMES
-from tba.schema_search import (  # noqa: F401  (the searchers' sections, part of this schema)
+from tba.config.search import (  # noqa: F401  (the searchers' sections, part of this schema)
     QUANTIZE,
     RayConfig,
     SearchConfig,
@@ -35,12 +32,15 @@ from tba.schema_search import (  # noqa: F401  (the searchers' sections, part of
     SupervisionConfig,
     VLLMConfig,
 )
+from tba.errors import ConfigError
+from tba.objectives import OBJECTIVES
+from tba.runtime import RUNTIMES
 from tba.tasks import TASKS
 
 
 @dataclass
 class TaskConfig:
-    name: str = knob("arith", one_of(TASKS, plugin="module:factory (a custom task)"))
+    name: str = setting("arith", one_of(TASKS, plugin="module:factory (a custom task)"))
     """A registered task (tba.tasks.TASKS: arith, reasoning_gym, enumerable, enumerable_turns, guess_number,
     tool_arith, gsm8k, tldr, redteam, dataset), or your own: `package.module:factory` or `path/to/file.py:factory`
     (docs/tasks.md; multi-turn: docs/environments.md)."""
@@ -55,9 +55,9 @@ class TaskConfig:
     """Number of held-out prompts used for evaluation (None = all), for tasks whose factory takes `test_size`."""
     chat_template: bool = False
     """Wrap each prompt as a user turn in the tokenizer's chat template (instruction-tuned models)."""
-    max_prompt_tokens: int | None = knob(None, positive_or_none)
+    max_prompt_tokens: int | None = setting(None, positive_or_none)
     """Longest prompt in tokens. None = the model's context length minus search.max_new_tokens."""
-    long_prompts: str = knob("skip", one_of(("skip", "truncate")))
+    long_prompts: str = setting("skip", one_of(("skip", "truncate")))
     """What happens to a longer prompt: skip (dropped before training, counted) | truncate (keep its end)."""
 
 
@@ -84,11 +84,11 @@ class LoraConfig:
 
     enabled: bool = False
     """Train adapters instead of every weight (needs a hub, directory or GGUF policy)."""
-    r: int = knob(32, positive)
+    r: int = setting(32, positive)
     """Adapter rank."""
-    alpha: int = knob(16, positive)
+    alpha: int = setting(16, positive)
     """LoRA α: the adapter's update is scaled by α / r."""
-    dropout: float = knob(0.0, probability)
+    dropout: float = setting(0.0, probability)
     """PEFT's lora_dropout. Must be 0: the trainer keeps the policy in eval mode (dropout off, so log π_θ and
     the searchers' log-probs are of the same deterministic model)."""
     target_modules: str = "all-linear"
@@ -107,13 +107,13 @@ class ModelConfig:
     (tiny model built from a config)."""
     reference: str | None = None
     """Reference model π_ref. None = the policy's starting weights (after the SFT warm start)."""
-    dtype: str = knob("float32", one_of(("float32", "bfloat16", "float16")))
+    dtype: str = setting("float32", one_of(("float32", "bfloat16", "float16")))
     """float32 | bfloat16 | float16."""
-    device: str = knob("cpu", devices)
+    device: str = setting("cpu", devices)
     """Where the trainer's policy and reference live: cpu | cuda | cuda:N | auto (cuda if available)."""
-    lora: LoraConfig = knob(factory=LoraConfig)
+    lora: LoraConfig = setting(factory=LoraConfig)
     """PEFT LoRA adapters (the `model.lora.*` section)."""
-    tiny: TinyModelConfig = knob(factory=TinyModelConfig)
+    tiny: TinyModelConfig = setting(factory=TinyModelConfig)
     """Shape of the builtin model (used when policy is `builtin`)."""
 
 
@@ -126,7 +126,7 @@ class SFTConfig:
     still mid-curve can leave RL nothing to fix; tba.sft warns when it sees one)."""
     lr: float = 3e-3
     """Peak learning rate of the warm start (AdamW, linear warm-up then cosine decay to 10 %)."""
-    batch_size: int = knob(64, positive)
+    batch_size: int = setting(64, positive)
     """Demonstrations per SFT step."""
     warmup_steps: int = 50
     """Linear warm-up steps of the SFT learning rate."""
@@ -138,17 +138,17 @@ class SFTConfig:
 
 @dataclass
 class BufferConfig:
-    capacity_per_prompt: int = knob(100, positive)
+    capacity_per_prompt: int = setting(100, positive)
     """Items kept per prompt (newest kept)."""
     prefill_samples: int = 160
     """P: completions generated before the first trainer step."""
-    online_prob: float = knob(0.95, probability)
+    online_prob: float = setting(0.95, probability)
     """m: probability that a prompt slot is drawn from prompts refreshed since the last sync."""
     offline_inverse_temperature: float = 0.0
     """ι: offline draws use softmax(ι · reward) over a prompt's history (0 = uniform)."""
     dedup: bool = True
     """Exact-token dedup per prompt (newest copy wins)."""
-    max_samples: int | None = knob(100000, positive_or_none)
+    max_samples: int | None = setting(100000, positive_or_none)
     """In-memory bound: above it the least recently refreshed prompts leave memory (they stay on disk).
     None = unbounded."""
     persist: bool = True
@@ -158,7 +158,7 @@ class BufferConfig:
     about the buffer's size. False = keep every sample ever accepted (≈ 300 MB per hour of the default)."""
     source: str | None = None
     """runtime=offline: the run directory (or buffer.sqlite) whose saved buffer is trained on."""
-    max_sample_age: int | None = knob(None, positive_or_none)
+    max_sample_age: int | None = setting(None, positive_or_none)
     """Draw no sample more than this many policy versions older than the trainer's, from a group that loads
     the trainer's weights (fixed groups and `data` are never too old); the excluded ones are counted
     (buffer/too_old). An update with nothing young enough waits for fresh samples. null = no cap: TB needs none
@@ -174,7 +174,7 @@ class DataConfig:
     """task (the task's own demonstrations()) | a .jsonl/.json/.parquet file | a `datasets` Hub name. null = none."""
     name: str = "data"
     """Its source name in metrics, `tba buffer stats` and `tba report`."""
-    share: float = knob(0.1, fraction)
+    share: float = setting(0.1, fraction)
     """Expected share of each batch's samples drawn from it, at most 0.5: a data slot holds K/2 of its items and
     K/2 searcher samples of the same prompt, so that log Ẑ is estimated over both (tba.offline_data)."""
     prompt_column: str = "prompt"
@@ -185,7 +185,7 @@ class DataConfig:
     """The column holding each row's reward. null = the task's reward scores every completion."""
     split: str = "train"
     """The split of a Hub dataset."""
-    bad_rows: str = knob("error", one_of(("error", "skip")))
+    bad_rows: str = setting("error", one_of(("error", "skip")))
     """A row with an unknown prompt, an empty or too long completion, or a bad reward: error (stop before
     training, naming file and line) | skip (counted in the log and the summary)."""
     min_reward: float | None = None
@@ -200,15 +200,15 @@ class DataConfig:
 class TBConfig:
     """VarGrad Trajectory Balance; β anneals linearly (paper §2.4)."""
 
-    beta_init: float = knob(0.05, positive)
+    beta_init: float = setting(0.05, positive)
     """β at step 0: the reward temperature of the target π* ∝ π_ref·exp(r/β) (smaller = greedier)."""
-    beta_final: float = knob(0.05, positive)
+    beta_final: float = setting(0.05, positive)
     """β reached at beta_decay_end_step (linear from beta_init), kept from then on."""
     beta_decay_end_step: int | None = None
     """Step at which β reaches beta_final (T_target). None = constant beta_init."""
     beta_hard_stop_step: int | None = None
     """From this step on β = beta_final (T_stop; the paper's abrupt TL;DR stop). None = no hard stop."""
-    residual_clip: float | None = knob(None, positive_or_none)
+    residual_clip: float | None = setting(None, positive_or_none)
     """c of a Huber TB loss: δ² for |δ| ≤ c, 2c|δ| − c² beyond, so no sample pushes harder than 2c (the same
     zero, hence the same fixed point π*). None = the paper's squared residual."""
 
@@ -229,11 +229,11 @@ class BaselineConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = knob(200, positive)
+    steps: int = setting(200, positive)
     """U: total trainer (optimizer) steps."""
-    lr: float = knob(2e-5, positive)
+    lr: float = setting(2e-5, positive)
     """Peak learning rate (AdamW). Raising k with TB? Lower it (docs/algorithm.md, "Stale data")."""
-    lr_schedule: str = knob("constant", one_of(("constant", "linear", "wsd")))
+    lr_schedule: str = setting("constant", one_of(("constant", "linear", "wsd")))
     """constant | linear (to 0 at the last step) | wsd (warmup, stable, cosine decay)."""
     warmup_steps: int = 0
     """Linear warm-up steps from 0 to lr (every schedule)."""
@@ -241,13 +241,13 @@ class TrainerConfig:
     """wsd: steps at peak after warmup. None = until the decay phase that ends at `steps`."""
     decay_steps: int = 0
     """wsd: cosine-decay steps."""
-    prompts_per_step: int = knob(8, positive)
+    prompts_per_step: int = setting(8, positive)
     """B: prompt groups per optimizer step."""
-    samples_per_prompt: int = knob(8, positive)
+    samples_per_prompt: int = setting(8, positive)
     """K: completions per prompt group."""
-    micro_batch_prompts: int = knob(8, positive)
+    micro_batch_prompts: int = setting(8, positive)
     """Prompt groups per forward/backward (gradient accumulation groups by prompt, never splits one)."""
-    sync_every_steps: int = knob(1, sync_period)
+    sync_every_steps: int = setting(1, sync_period)
     """k: the trainer publishes its weights (with a version) to the searchers every k steps. 0 = never: the
     searchers sample from the starting policy (π_ref, unless model.reference says otherwise) for the whole run,
     a fixed behaviour policy."""
@@ -255,12 +255,12 @@ class TrainerConfig:
     """AdamW weight decay."""
     max_grad_norm: float | None = None
     """None = no clipping (as the paper)."""
-    stale_lr_age: float | None = knob(4.0, positive_or_none)
+    stale_lr_age: float | None = setting(4.0, positive_or_none)
     """a₀: an update whose samples' median age a (policy versions behind the trainer) exceeds a₀ takes its step
     at lr·a₀/a — a delayed feedback loop stays stable only if gain × delay is bounded (TB at the recipes' lr
     fell at k = 32 without it; it makes such a fall rarer, not impossible: docs/algorithm.md). None = the lr
     as scheduled, whatever the data's age (the paper). Not applied when sync_every_steps = 0 (no feedback loop)."""
-    max_replay_ratio: float | None = knob(None, positive_or_none)
+    max_replay_ratio: float | None = setting(None, positive_or_none)
     """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
     would pass it waits for fresh samples first. None = never wait (the paper's loop)."""
 
@@ -271,27 +271,27 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int | None = knob(50, positive_or_none)
+    every_steps: int | None = setting(50, positive_or_none)
     """Full checkpoint (model, optimizer, RNG, buffer and searcher state) every N steps, and at exit.
     None = only at exit."""
-    keep: int = knob(2, positive)
+    keep: int = setting(2, positive)
     """Checkpoints kept (newest first)."""
 
 
 @dataclass
 class EvalConfig:
-    every_steps: int = knob(50, positive)
+    every_steps: int = setting(50, positive)
     """Greedy pass@1 on the held-out prompts every N trainer steps (and at start and end)."""
-    max_new_tokens: int = knob(32, positive)
+    max_new_tokens: int = setting(32, positive)
     """Longest evaluated response in tokens."""
-    batch_size: int = knob(250, positive)
+    batch_size: int = setting(250, positive)
     """Sequences per generation call (prompts × samples)."""
-    samples_per_prompt: int = knob(0, non_negative)
+    samples_per_prompt: int = setting(0, non_negative)
     """0 = one greedy completion per held-out prompt (pass@1). n > 0 = n completions sampled at
     eval.temperature (tasks whose metric is about the distribution, e.g. red-teaming)."""
-    temperature: float = knob(1.0, positive)
+    temperature: float = setting(1.0, positive)
     """Sampling temperature when samples_per_prompt > 0 (unused for greedy pass@1)."""
-    top_p: float = knob(1.0, probability)
+    top_p: float = setting(1.0, probability)
     """Nucleus threshold when samples_per_prompt > 0 (1.0 = off)."""
     reference_metrics: bool = False
     """Also report KL(π_ref ‖ π_θ) per token and the perplexity under π_ref (the TL;DR paper's metrics)."""
@@ -317,43 +317,43 @@ class RunConfig:
     """Seeds the trainer, the buffer's draws and every searcher (searcher i: seed + 1000·(i + 1))."""
     output_dir: str = "runs/default"
     """The run directory: config, metrics, checkpoints, buffer.sqlite, summary.json."""
-    objective: str = knob("tb", one_of(OBJECTIVES))
+    objective: str = setting("tb", one_of(OBJECTIVES))
     """tb (VarGrad Trajectory Balance) | dr_grpo | rloo | online_dpo | tba_prime (baselines, docs/objectives.md)."""
-    runtime: str = knob("local", one_of(RUNTIMES))
+    runtime: str = setting("local", one_of(RUNTIMES))
     """inline: one process, search and training alternate | local: searcher processes (torch.multiprocessing)
     | ray: searcher actors on a Ray cluster | offline: no searchers, train on a saved buffer (buffer.source)."""
-    mode: str = knob("async", one_of(("async", "sync")))
+    mode: str = setting("async", one_of(("async", "sync")))
     """async: searchers and trainer run concurrently, nobody waits | sync: generation and training alternate
     (with k = 1 that is on-policy). The inline runtime is always sync."""
-    threads: int | None = knob(None, positive_or_none)
+    threads: int | None = setting(None, positive_or_none)
     """torch threads of the trainer. None = an equal share of the cores (inline: all cores)."""
-    task: TaskConfig = knob(factory=TaskConfig)
+    task: TaskConfig = setting(factory=TaskConfig)
     """The task: data, reward, evaluation."""
-    model: ModelConfig = knob(factory=ModelConfig)
+    model: ModelConfig = setting(factory=ModelConfig)
     """Policy, reference, dtype, device, LoRA."""
-    sft: SFTConfig = knob(factory=SFTConfig)
+    sft: SFTConfig = setting(factory=SFTConfig)
     """The builtin model's warm start."""
-    search: SearchConfig = knob(factory=SearchConfig)
+    search: SearchConfig = setting(factory=SearchConfig)
     """The searchers: sampling, how many, where."""
-    supervision: SupervisionConfig = knob(factory=SupervisionConfig)
+    supervision: SupervisionConfig = setting(factory=SupervisionConfig)
     """Timeouts and restarts of searchers in other processes."""
-    buffer: BufferConfig = knob(factory=BufferConfig)
+    buffer: BufferConfig = setting(factory=BufferConfig)
     """The replay buffer and its sampling rule."""
-    data: DataConfig = knob(factory=DataConfig)
+    data: DataConfig = setting(factory=DataConfig)
     """Demonstrations or logged data drawn beside the searchers' samples."""
-    tb: TBConfig = knob(factory=TBConfig)
+    tb: TBConfig = setting(factory=TBConfig)
     """β schedule, used by every objective."""
-    baselines: BaselineConfig = knob(factory=BaselineConfig)
+    baselines: BaselineConfig = setting(factory=BaselineConfig)
     """Settings of the comparison objectives."""
-    trainer: TrainerConfig = knob(factory=TrainerConfig)
+    trainer: TrainerConfig = setting(factory=TrainerConfig)
     """Updates: steps, lr, batch shape, sync period."""
-    eval: EvalConfig = knob(factory=EvalConfig)
+    eval: EvalConfig = setting(factory=EvalConfig)
     """Held-out evaluation."""
-    checkpoint: CheckpointConfig = knob(factory=CheckpointConfig)
+    checkpoint: CheckpointConfig = setting(factory=CheckpointConfig)
     """How often full checkpoints are written, how many kept."""
-    logging: LoggingConfig = knob(factory=LoggingConfig)
+    logging: LoggingConfig = setting(factory=LoggingConfig)
     """TensorBoard, W&B, progress display."""
-    ray: RayConfig = knob(factory=RayConfig)
+    ray: RayConfig = setting(factory=RayConfig)
     """runtime=ray: the cluster and what each searcher actor declares."""
 
     def check(self) -> None:

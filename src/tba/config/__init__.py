@@ -1,9 +1,9 @@
-"""Typed run configuration: YAML recipes and dotted CLI overrides into tba.schema's dataclasses, validated.
+"""Typed run configuration: YAML recipes and dotted CLI overrides into tba.config.schema's dataclasses, validated.
 
-Why dataclasses and not a dict: every knob has one documented home, a typo is an error instead of a
+Why dataclasses and not a dict: every setting has one documented home, a typo is an error instead of a
 silently ignored key, and the whole config is validated before any model is built (a config error must
 never cost the user a 10-second transformers import or a half-written run directory). The rules live beside
-their fields in tba.schema; this module applies them, naming the dotted key. Only tba.build reads the
+their fields in tba.config.schema; this module applies them, naming the dotted key. Only tba.build reads the
 resulting `RunConfig`: every component receives its own section(s).
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from tba.config.schema import RunConfig
 from tba.errors import ConfigError
-from tba.schema import RunConfig
 
 MOVED = {
     "task.digits": "task.options.digits",
@@ -40,7 +40,7 @@ MOVED = {
 with the default. Every task takes its own settings one way (`task.options`); the searchers' supervision and
 their Ray resources left `search`, which describes what searchers sample and where they run."""
 
-DEFAULT_RECIPE = Path(__file__).parent / "recipes" / "arith_tiny_cpu.yaml"
+DEFAULT_RECIPE = Path(__file__).parents[1] / "recipes" / "arith_tiny_cpu.yaml"
 
 
 def _coerce(key: str, value, annotation):
@@ -139,7 +139,7 @@ def _apply(obj, key: str, value, prefix: str = "") -> None:
 
 
 def validate(section, prefix: str = "") -> None:
-    """Apply every field's rules (tba.checks) and each section's own `check()`, depth first; the root's
+    """Apply every field's rules (tba.config.rules) and each section's own `check()`, depth first; the root's
     `check()` (rules between sections) runs last."""
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)

@@ -155,7 +155,7 @@ def test_schema_defaults_equal_the_default_recipe():
     import yaml
 
     from tba.config import DEFAULT_RECIPE
-    from tba.schema import RunConfig
+    from tba.config.schema import RunConfig
 
     def get(cfg, key):
         for part in key.split("."):
@@ -175,10 +175,10 @@ def test_every_config_field_has_a_docstring():
     import ast
     import inspect
 
-    import tba.schema
+    import tba.config.schema
 
     missing = []
-    for node in ast.parse(inspect.getsource(tba.schema)).body:
+    for node in ast.parse(inspect.getsource(tba.config.schema)).body:
         if isinstance(node, ast.ClassDef):
             for field_, after in zip(node.body, [*node.body[1:], None], strict=True):
                 documented = (isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
