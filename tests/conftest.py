@@ -6,7 +6,7 @@ Session-scoped because building them costs ~1 s; tests that mutate a model must 
 import pytest
 
 from tba.config.schema import TinyModelConfig
-from tba.models import build_tiny_model, train_tokenizer
+from tba.models.builtin import build_tiny_model, train_tokenizer
 
 
 @pytest.fixture(scope="session")

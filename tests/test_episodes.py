@@ -11,8 +11,8 @@ from chars import CharTokenizer
 from tba.buffer import Draw
 from tba.config.schema import BaselineConfig, TBConfig, TinyModelConfig, TrainerConfig
 from tba.episodes import FAILED, Limits, chat_turn, policy_logprobs, run_episodes, turns
-from tba.generation import response_logprobs
-from tba.models import build_tiny_model, train_tokenizer
+from tba.models.builtin import build_tiny_model, train_tokenizer
+from tba.models.generation import response_logprobs
 from tba.objectives import OBJECTIVES
 from tba.store import BufferStore
 from tba.tasks.base import Prompt

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from tba.cli import main
 from tba.config.schema import LoraConfig
-from tba.generation import generate
 from tba.models import apply_lora, load_model, save_checkpoint
+from tba.models.generation import generate
 
 
 def greedy(model, tok, prompts):
@@ -70,7 +70,7 @@ def test_an_exported_lora_model_serves_with_vllm_and_decodes_as_the_policy(tmp_p
     from vllm import LLM, SamplingParams
 
     from tba.config.schema import TinyModelConfig
-    from tba.models import build_tiny_model, train_tokenizer
+    from tba.models.builtin import build_tiny_model, train_tokenizer
 
     tok = train_tokenizer(arith_task.corpus(), 128)
     save_checkpoint(build_tiny_model(tok, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2,

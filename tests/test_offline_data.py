@@ -13,7 +13,7 @@ from paths import TINY as TINY_RECIPE
 from tba.buffer import Draw, NothingYoungEnough, ReplayBuffer
 from tba.config import ConfigError, load_config
 from tba.config.schema import BufferConfig, DataConfig, TBConfig, TrainerConfig
-from tba.generation import response_logprobs
+from tba.models.generation import response_logprobs
 from tba.objectives import OBJECTIVES
 from tba.offline_data import make_groups, read_rows, target_weight_warning
 from tba.tasks.data import DataLoadError

@@ -10,7 +10,8 @@ from paths import SHARED as SHARED_FOLDER
 from tba.cli import main
 from tba.config import load_config
 from tba.config.schema import TinyModelConfig
-from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
+from tba.models import save_checkpoint
+from tba.models.builtin import build_tiny_model, train_tokenizer
 
 SHARED = SHARED_FOLDER / "data" / "gsm8k"
 

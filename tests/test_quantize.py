@@ -10,8 +10,8 @@ import torch
 
 from tba.config.schema import LoraConfig
 from tba.errors import ConfigError
-from tba.generation import response_logprobs
 from tba.models import apply_lora, load_synced, synced_tensors
+from tba.models.generation import response_logprobs
 from tba.quantize import QuantizedModel, check, quantized_copy
 from tba.samplers.hf import HFSampler
 

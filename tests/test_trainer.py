@@ -9,7 +9,7 @@ import torch
 
 from tba.buffer import Draw
 from tba.config.schema import SearchConfig, TBConfig, TrainerConfig
-from tba.generation import response_logprobs
+from tba.models.generation import response_logprobs
 from tba.objectives import OBJECTIVES
 from tba.objectives.tb import vargrad_tb_loss
 from tba.samplers.hf import HFSampler

@@ -16,8 +16,8 @@ import torch
 
 from tba.build import build_task, warm_start
 from tba.config import load_config
-from tba.generation import response_logprobs
 from tba.models import load_model
+from tba.models.generation import response_logprobs
 
 torch.set_num_threads(1)
 if len(sys.argv) > 1:

@@ -12,7 +12,7 @@ t0 = time.perf_counter()
 import torch  # noqa: E402
 
 t1 = time.perf_counter()
-from tba.models import load_model, load_tokenizer  # noqa: E402  (imports transformers)
+from tba.models import load_model, load_tokenizer  # noqa: E402  (imports transformers
 
 t2 = time.perf_counter()
 from tba.build import build_task, sampler_spec, warm_start  # noqa: E402

@@ -64,7 +64,8 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    from tba.models import load_tokenizer, resolve_source
+    from tba.models import load_tokenizer
+    from tba.models.sources import resolve_source
     from tba.tasks.prepare import apply_chat_template
     from tba.tasks.reasoning_gym import EXTRACTORS, ReasoningGymTask
 

@@ -96,7 +96,8 @@ def main() -> None:
         return
 
     from tba.config import load_config
-    from tba.models import load_tokenizer, resolve_source
+    from tba.models import load_tokenizer
+    from tba.models.sources import resolve_source
     from tba.tasks.prepare import apply_chat_template
 
     cfg = load_config(args.runs / f"seed{args.seeds[0]}" / "config.yaml")

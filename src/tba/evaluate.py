@@ -18,7 +18,7 @@ import torch
 
 from tba.config.schema import EvalConfig
 from tba.episodes import END_REASONS, Limits, run_episodes
-from tba.generation import ended_with_eos, generate, response_logits
+from tba.models.generation import ended_with_eos, generate, response_logits
 from tba.tasks.base import Prompt, Scoring, accuracy
 
 

@@ -31,7 +31,7 @@ import torch
 
 from tba.config.schema import DataConfig
 from tba.episodes import Limits, policy_logprobs, replay_episodes
-from tba.generation import response_logprobs
+from tba.models.generation import response_logprobs
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.tasks.data import DataLoadError
 from tba.types import Group, Sample

@@ -29,7 +29,7 @@ import torch
 
 from tba.config.schema import SearchConfig
 from tba.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
-from tba.generation import ended_with_eos, response_logprobs
+from tba.models.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.types import Group, Sample

@@ -23,7 +23,9 @@ import torch.nn.functional as F
 from tba.config.schema import EvalConfig, SFTConfig, TaskConfig, TinyModelConfig
 from tba.errors import ConfigError
 from tba.evaluate import greedy_accuracy
-from tba.models import build_tiny_model, cache_dir, save_checkpoint, train_tokenizer
+from tba.models import save_checkpoint
+from tba.models.builtin import build_tiny_model, train_tokenizer
+from tba.models.sources import cache_dir
 
 
 def cache_root(sft: SFTConfig) -> Path:

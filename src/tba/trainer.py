@@ -22,8 +22,8 @@ import torch
 from tba.buffer import Draw
 from tba.checkpoint import load_optimizer
 from tba.config.schema import BaselineConfig, TBConfig, TrainerConfig
-from tba.generation import response_logprobs
 from tba.models import load_model, synced_tensors
+from tba.models.generation import response_logprobs
 from tba.objectives import Objective
 from tba.objectives.tb import beta_at, vargrad_log_z
 

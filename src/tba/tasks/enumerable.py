@@ -13,7 +13,7 @@ The policy is the builtin tiny model with no SFT, so it starts at π_ref (the re
 token, so BPE can merge nothing) plus its three specials <pad>, <bos>, <eos>: V = symbols + 3.
 
 **Why the enumeration is the sampler's whole response space, specials and early EOS included.**
-`tba.generation.generate` draws every token of the vocabulary, specials too, and stops at EOS or after
+`tba.models.generation.generate` draws every token of the vocabulary, specials too, and stops at EOS or after
 M = search.max_new_tokens tokens; the trainer's log π (`response_logprobs`) is the full softmax at every
 position, EOS kept. Masking the specials would make this task's π_θ something other than what the sampler
 and the trainer use (both would have to mask, identically). So nothing is masked: the task enumerates
@@ -53,7 +53,7 @@ import random
 import torch
 
 from tba.errors import ConfigError
-from tba.generation import response_logprobs
+from tba.models.generation import response_logprobs
 from tba.tasks.base import Prompt, Scoring, batch_rewards
 
 MAX_RESPONSES = 50_000
@@ -126,7 +126,8 @@ def _hamming(a: str, b: str) -> int:
 
 
 def response_space(vocab_size: int, eos_id: int, max_new_tokens: int) -> list[list[int]]:
-    """Every response `tba.generation.generate` can return: j < M non-EOS tokens then EOS, or M non-EOS tokens."""
+    """Every response `tba.models.generation.generate` can return: j < M non-EOS tokens then EOS, or M non-EOS
+    tokens."""
     others = [t for t in range(vocab_size) if t != eos_id]
     size = sum(len(others) ** j for j in range(max_new_tokens)) + len(others) ** max_new_tokens
     if size > MAX_RESPONSES:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tba.generation import generate
 from tba.models import load_model, load_tokenizer, resolve_device
+from tba.models.generation import generate
 from tba.tasks.base import Prompt
 from tba.tasks.diversity import diversity, load_embedder
 from tba.tasks.toxicity import load_toxicity_classifier

@@ -8,7 +8,7 @@ samples hit EOS: both the EOS-terminated and the truncated cases occur under a f
 import pytest
 import torch
 
-from tba.generation import generate, response_logprobs
+from tba.models.generation import generate, response_logprobs
 
 TEXTS = ["1+2=", "57+68=", "99+1=", "40+33="]  # different lengths: left padding is exercised
 
@@ -171,7 +171,7 @@ def test_every_family_samples_with_the_trainers_logprobs(family_model, tiny_toke
 
 
 def test_every_family_decodes_greedy_as_transformers_generate(family_model, tiny_tokenizer, prompts):
-    from tba.generation import _pad
+    from tba.models.generation import _pad
 
     eos, pad = tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id
     ours = generate(family_model, prompts, greedy=True, max_new_tokens=10, eos_id=eos, pad_id=pad)
@@ -203,7 +203,7 @@ def test_top_p_keeps_transformers_nucleus_and_renormalises(tiny_model, tiny_toke
 
 
 def test_sampling_draws_from_softmax_of_logits_over_t_with_and_without_top_p():
-    from tba.generation import _sample as draw
+    from tba.models.generation import _sample as draw
 
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0]).repeat(40_000, 1)  # 40k independent draws
     p = torch.softmax(logits[0] / 0.7, -1)
@@ -232,7 +232,7 @@ def test_the_decode_loop_passes_the_cache_under_the_name_transformers_expects(ti
     import inspect
     import warnings
 
-    from tba.generation import CACHE
+    from tba.models.generation import CACHE
 
     assert CACHE in inspect.signature(type(tiny_model).forward).parameters
     with warnings.catch_warnings():

