@@ -10,7 +10,7 @@ from chars import CharTokenizer
 
 from tba.buffer import Draw
 from tba.config.schema import BaselineConfig, TBConfig, TinyModelConfig, TrainerConfig
-from tba.episodes import FAILED, Limits, chat_turn, policy_logprobs, run_episodes, turns
+from tba.episodes import FAILED, Limits, policy_logprobs, run_episodes, turns
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.generation import response_logprobs
 from tba.objectives import OBJECTIVES
@@ -104,17 +104,6 @@ def test_policy_logprobs_zero_the_environments_tokens_only():
     assert policy_logprobs([-1.0, -2.0], []) == [-1.0, -2.0]  # single turn: every token is the policy's
     with pytest.raises(ValueError):
         policy_logprobs([-1.0, -2.0], [1])
-
-
-def test_chat_turn_renders_the_templates_text_after_an_end_of_turn():
-    class Chat:
-        chat_template, eos_token = "x", "<end>"
-
-        def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False):
-            text = "".join(f"<{m['role']}>{m['content']}<end>\n" for m in msgs)
-            return text + ("<assistant>" if add_generation_prompt else "")
-
-    assert chat_turn(Chat(), "tool", "42") == "\n<tool>42<end>\n<assistant>"
 
 
 @pytest.fixture(scope="module")

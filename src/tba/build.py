@@ -53,12 +53,12 @@ from tba.seam import Runtime
 from tba.seeding import rng_isolated, searcher_seed, seed_everything
 from tba.sft import cache_key
 from tba.sft import warm_start as sft_warm_start
-from tba.specs import ModelSources, SamplerSpec, SearcherSpec, TaskSpec
+from tba.specs import ModelSources, SamplerSpec, SearcherSpec
 from tba.state import RunState
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring, Task
 from tba.tasks.data import DataLoadError
-from tba.tasks.prepare import apply_chat_template, fit_prompts, prompt_limit
+from tba.tasks.prepare import TaskSpec, apply_chat_template, fit_prompts, prompt_limit
 from tba.tasks.prepare import build_task as build_task_from_spec
 from tba.trainer import Trainer
 

@@ -285,24 +285,3 @@ def turns(policy_mask: list[int]) -> list[tuple[bool, int, int]]:
             spans.append((bool(policy_mask[start]), start, i))
             start = i
     return spans
-
-
-def chat_turn(tokenizer, role: str, content: str) -> str:
-    """The text a chat template puts after an assistant turn for a `role` message (user, tool, …) with
-    `content`, up to the next assistant turn's start — what an environment returns so that a chat model sees
-    its usual format. Rendered as the difference of two renderings (template text before the assistant's
-    reply is not repeated). A tokenizer without a chat template gets `\\n{content}\\n`."""
-    if not getattr(tokenizer, "chat_template", None):
-        return f"\n{content}\n"
-    base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-    before = tokenizer.apply_chat_template(base, tokenize=False)
-    after = tokenizer.apply_chat_template([*base, {"role": role, "content": content}], tokenize=False,
-                                          add_generation_prompt=True)
-    # the policy's turn ended with EOS (the template's end-of-turn token): what follows EOS is the environment's
-    marker = "y" + (tokenizer.eos_token or "")
-    cut = before.rfind(marker)
-    prefix = before[:cut + len(marker)] if cut >= 0 else before
-    if not after.startswith(prefix):
-        raise ValueError("the chat template renders a conversation differently once a turn is added; "
-                         "write the environment's turn text yourself")
-    return after[len(prefix):]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tba.config.schema import LoraConfig, SearchConfig, VLLMConfig
+from tba.tasks.prepare import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -19,18 +20,6 @@ class ModelSources:
     policy: str
     reference: str
     tokenizer: str
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """How to build the run's task: `target(**options, train_size=…, test_size=…)` (the sizes where the
-    factory takes them), then its prompts wrapped in the tokenizer's chat template if asked."""
-
-    target: str
-    options: dict
-    train_size: int | None
-    test_size: int | None
-    chat_template: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ from paths import REPO
 
 from tba.cli import main
 from tba.config import ConfigError, load_config
-from tba.specs import TaskSpec
-from tba.tasks.prepare import build_task
+from tba.tasks.prepare import TaskSpec, build_task
 
 EXAMPLE = str(REPO / "examples" / "reasoning_gym_task.py")
 OPTIONS = "task.options={dataset: chain_sum, min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}"

@@ -2,17 +2,30 @@
 do not fit the model's context dropped or truncated.
 
 Here rather than in tba.build because searcher workers (tba.runtime) prepare their own copy of the task from a
-`tba.specs.TaskSpec`, and the runtime must not import the module that builds the runtimes.
+`TaskSpec`, and the runtime must not import the module that builds the runtimes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from tba.errors import ConfigError
 from tba.plugins import call_with_options, load_object
-from tba.specs import TaskSpec
 from tba.tasks.base import Task
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """How to build the run's task: `target(**options, train_size=…, test_size=…)` (the sizes where the
+    factory takes them), then its prompts wrapped in the tokenizer's chat template if asked."""
+
+    target: str
+    options: dict
+    train_size: int | None
+    test_size: int | None
+    chat_template: bool = False
+
 
 SIZES = ("train_size", "test_size")
 

@@ -1,14 +1,14 @@
 """`tool_arith`: multiplication a small model gets wrong alone, with a calculator it can call.
 
 Each problem is a × b with `digits`-digit factors (SmolLM2-135M-Instruct multiplies two 3-digit numbers right
-almost never). The prompt is a chat: a system message that describes the `calculator` tool (tba.tools) with one
-worked call, then the question. An episode (tba.episodes, tba.tools.ToolEnv): each policy turn that writes a tool
+almost never). The prompt is a chat: a system message that describes the `calculator` tool (tba.tasks.tools) with one
+worked call, then the question. An episode (tba.episodes, tba.tasks.tools.ToolEnv): each policy turn that writes a tool
 call gets the calculator's result back as a `tool` message; the first turn without a call is the answer, and
 its reward is 1 when the last number in it is a × b, else 0. The skill RL must find is calling the tool and
 copying its result into the answer.
 
 Evaluation adds `tool/called_share` (episodes that called the calculator), `tool/score_with_call` and
-`tool/score_without_call` (the reward of each kind) and `tool/malformed_share` (tba.tools.tool_metrics).
+`tool/score_without_call` (the reward of each kind) and `tool/malformed_share` (tba.tasks.tools.tool_metrics).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import random
 import re
 
 from tba.tasks.base import Prompt
-from tba.tools import ToolEnv, calculator, call_text, describe_tools, tool_metrics
+from tba.tasks.tools import ToolEnv, calculator, call_text, describe_tools, tool_metrics
 
 NUMBER = re.compile(r"-?\d[\d,]*")
 EXAMPLE = ('Example: for "What is 12 * 34?" write <tool_call>{"name": "calculator", "arguments": {"expression": '

@@ -9,7 +9,16 @@ from chars import CharTokenizer
 
 from tba.episodes import Limits, run_episodes
 from tba.tasks.base import Prompt
-from tba.tools import ToolCallError, ToolEnv, calculator, describe_tools, parse_tool_calls, tool_metrics, tool_schemas
+from tba.tasks.tools import (
+    ToolCallError,
+    ToolEnv,
+    calculator,
+    chat_turn,
+    describe_tools,
+    parse_tool_calls,
+    tool_metrics,
+    tool_schemas,
+)
 
 
 def add(a: int, b: int) -> int:
@@ -120,3 +129,14 @@ def test_the_calculator_computes_arithmetic_and_nothing_else():
     assert calculator("37 * (48 + 5)") == "1961" and calculator("7 / 2") == "3.5" and calculator("-2 ** 3") == "-8"
     for bad in ("__import__('os').system('true')", "x + 1", "2 ** 10 ** 10", "10 ** 20", "1 / 0", "[1, 2]"):
         assert calculator(bad).startswith("error:"), bad
+
+
+def test_chat_turn_renders_the_templates_text_after_an_end_of_turn():
+    class Chat:
+        chat_template, eos_token = "x", "<end>"
+
+        def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=False):
+            text = "".join(f"<{m['role']}>{m['content']}<end>\n" for m in msgs)
+            return text + ("<assistant>" if add_generation_prompt else "")
+
+    assert chat_turn(Chat(), "tool", "42") == "\n<tool>42<end>\n<assistant>"
