@@ -3,14 +3,14 @@
 import pytest
 
 from tba import build
+from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.store import BufferStore
+from tba.algorithm.types import Group, Sample
 from tba.config import ConfigError, load_config
-from tba.objectives import OBJECTIVES
 from tba.plugins import load_object
 from tba.runtime import RUNTIMES
 from tba.samplers import SAMPLERS
-from tba.store import BufferStore
 from tba.tasks import TASKS
-from tba.types import Group, Sample
 
 
 def test_the_offline_buffer_store_is_closed_after_loading(tmp_path, monkeypatch):
@@ -30,7 +30,7 @@ def test_the_offline_buffer_store_is_closed_after_loading(tmp_path, monkeypatch)
             closed.append(self)
             super().close()
 
-    monkeypatch.setattr("tba.buffer.BufferStore", Counting)
+    monkeypatch.setattr("tba.algorithm.buffer.BufferStore", Counting)
     cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "runtime=offline",
                              f"buffer.source={tmp_path / 'saved'}"])
     buffer = build.build_buffer(cfg, tmp_path / "run", None, None, log=lambda m: None)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tba import checkpoint as ckpt
+from tba.algorithm.seeding import rng_state, set_rng_state
 
 
 def _trained(tiny_model):
@@ -39,7 +40,7 @@ def test_save_then_load_restores_optimizer_rng_and_state(tmp_path, tiny_model, t
         a, b = opt.state[p], opt2.state[p2]
         assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
-    ckpt.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
 
 
@@ -150,20 +151,20 @@ def test_cuda_rng_states_are_saved_and_restored_on_as_many_devices(tmp_path, tin
     path = ckpt.save(tmp_path, step=1, policy=model, tokenizer=tiny_tokenizer, optimizer=opt, state={})
     state = ckpt.load(path)["rng"]
     assert len(state["cuda"]) == 2
-    ckpt.set_rng_state(state)
+    set_rng_state(state)
     assert fake.restored is not None and all(map(torch.equal, fake.restored, fake.states))
 
     fewer = _FakeCuda(monkeypatch, 1)  # resumed with another number of GPUs: a warning, nothing restored
     with pytest.warns(RuntimeWarning, match=r"2 CUDA generator\(s\) but this process sees 1"):
-        ckpt.set_rng_state(state)
+        set_rng_state(state)
     assert fewer.restored is None
     older = {k: v for k, v in state.items() if k != "cuda"}  # a checkpoint from before CUDA states were kept
-    ckpt.set_rng_state(older)
+    set_rng_state(older)
     assert fewer.restored is None
 
     _FakeCuda(monkeypatch, 2, initialized=False)  # CUDA available but unused: not initialised to save
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("would initialise CUDA"))
-    assert "cuda" not in ckpt.rng_state()
+    assert "cuda" not in rng_state()
 
 
 @pytest.mark.gpu
@@ -171,9 +172,9 @@ def test_cuda_rng_states_are_saved_and_restored_on_as_many_devices(tmp_path, tin
 def test_cuda_rng_round_trip_on_a_gpu():
     torch.cuda.manual_seed_all(5)
     torch.rand(1, device="cuda")  # initialises CUDA and advances its generator
-    state = json.loads(json.dumps(ckpt.rng_state()))
+    state = json.loads(json.dumps(rng_state()))
     assert len(state["cuda"]) == torch.cuda.device_count()
     expected = torch.rand(8, device="cuda")
     torch.cuda.manual_seed_all(6)
-    ckpt.set_rng_state(state)
+    set_rng_state(state)
     assert torch.equal(torch.rand(8, device="cuda"), expected)

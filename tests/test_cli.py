@@ -70,6 +70,7 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
 
 
 def test_user_errors_are_told_from_bugs_by_type():
+    from tba.algorithm.store import StoreError
     from tba.checkpoint import CheckpointError
     from tba.errors import ConfigError
     from tba.export import ExportError
@@ -77,7 +78,6 @@ def test_user_errors_are_told_from_bugs_by_type():
     from tba.report import ReportError
     from tba.rundir import RunDirError
     from tba.runtime.base import SearcherError
-    from tba.store import StoreError
     from tba.tasks.data import DataLoadError
 
     assert user_error(ConfigError("trainer.steps: must be > 0")) == (2, "tba: config error: trainer.steps: must be > 0")

@@ -8,16 +8,15 @@ import pytest
 import torch
 from chars import CharTokenizer
 
-from tba.buffer import Draw
+from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.store import BufferStore
+from tba.algorithm.trainer import Trainer
+from tba.algorithm.types import Draw, Group, Sample
 from tba.config.schema import BaselineConfig, TBConfig, TinyModelConfig, TrainerConfig
 from tba.episodes import FAILED, Limits, policy_logprobs, run_episodes, turns
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.generation import response_logprobs
-from tba.objectives import OBJECTIVES
-from tba.store import BufferStore
 from tba.tasks.base import Prompt
-from tba.trainer import Trainer
-from tba.types import Group, Sample
 
 
 class ScriptedEnv:

@@ -10,15 +10,15 @@ import pytest
 import torch
 from paths import TINY as TINY_RECIPE
 
-from tba.buffer import Draw, NothingYoungEnough, ReplayBuffer
+from tba.algorithm.buffer import NothingYoungEnough, ReplayBuffer
+from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.trainer import Trainer
+from tba.algorithm.types import Draw, Group, Sample
 from tba.config import ConfigError, load_config
 from tba.config.schema import BufferConfig, DataConfig, TBConfig, TrainerConfig
 from tba.models.generation import response_logprobs
-from tba.objectives import OBJECTIVES
 from tba.offline_data import make_groups, read_rows, target_weight_warning
 from tba.tasks.data import DataLoadError
-from tba.trainer import Trainer
-from tba.types import Group, Sample
 
 TINY = TINY_RECIPE
 

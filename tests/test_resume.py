@@ -15,8 +15,8 @@ from paths import TINY as TINY_RECIPE
 from procs import alive, descendants
 from safetensors.torch import load_file
 
+from tba.algorithm.store import BufferStore
 from tba.cli import main
-from tba.store import BufferStore
 
 # the tiny recipe first, then this file's overrides
 TINY = [TINY_RECIPE, "task.options.digits=1", "eval.every_steps=1000",

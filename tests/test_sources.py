@@ -8,12 +8,12 @@ import sqlite3
 import pytest
 from paths import TINY as TINY_RECIPE
 
+from tba.algorithm.store import BufferStore
+from tba.algorithm.types import Group, Sample
 from tba.build import build_models, build_task, searcher_specs, train
 from tba.config import load_config
 from tba.models import save_checkpoint
 from tba.specs import ModelSources
-from tba.store import BufferStore
-from tba.types import Group, Sample
 
 TINY = TINY_RECIPE
 GROUPS = "search.groups=[{name: policy}, {name: hot, temperature: 1.5, sync: false}, {name: other, policy: OTHER}]"
@@ -70,8 +70,8 @@ def test_a_mixed_source_run_records_every_sample_source_through_a_checkpoint_and
 
 
 def test_a_fixed_group_never_loads_the_trainers_weights(tmp_path, other_policy):
+    from tba.algorithm.state import RunState
     from tba.build import build_run
-    from tba.state import RunState
 
     cfg = load_config(TINY, [f"output_dir={tmp_path}", "sft.enabled=false", "runtime=inline", "mode=sync",
                              GROUPS.replace("OTHER", other_policy)])

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tba.buffer import ReplayBuffer
+from tba.algorithm.buffer import ReplayBuffer
 from tba.config.schema import BufferConfig
 
 src, work = Path(sys.argv[1]), Path("/tmp/compact_timing")

@@ -34,7 +34,7 @@ from pathlib import Path
 from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
 from bench.lib.workers import worker_pool
-from tba.objectives import OBJECTIVES as REGISTRY
+from tba.algorithm.objectives import OBJECTIVES as REGISTRY
 
 OBJECTIVES = list(REGISTRY)
 CONDITIONS: dict[str, dict] = {

@@ -24,12 +24,12 @@ from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
 from bench.lib.smoke import SMOKE_OVERRIDES
 from bench.lib.workers import worker_pool
-from tba.objectives import OBJECTIVES as REGISTRY
+from tba.algorithm.objectives import OBJECTIVES as REGISTRY
 
 # How a results file's command line names this script: `python -m bench.claims.offpolicy …`, or in older grids
 # `python bench/offpolicy.py …`. --reuse reads both.
 RECORDED_AS = (f"python -m {__spec__.name} ", "python bench/offpolicy.py ")
-OBJECTIVES = list(REGISTRY)  # every registered objective (tba.objectives.OBJECTIVES)
+OBJECTIVES = list(REGISTRY)  # every registered objective (tba.algorithm.objectives.OBJECTIVES)
 
 
 def run_one(job: dict) -> dict:

@@ -46,7 +46,7 @@ from bench.lib.paths import OUT, RESULTS
 from bench.lib.reading import write_keeping_reading
 from bench.lib.smoke import SMOKE_OVERRIDES
 from bench.lib.workers import worker_pool
-from tba.objectives import OBJECTIVES as REGISTRY
+from tba.algorithm.objectives import OBJECTIVES as REGISTRY
 
 OBJECTIVES = list(REGISTRY)
 ENUMERABLE: dict[str, list[str]] = {

@@ -76,7 +76,7 @@ def pair(root: Path, name: str, args: list[str], kill_at: int) -> dict:
     proc.wait()
     killed_at = logged_steps(broken)[-1]
     ckpt = int((broken / "checkpoints" / "latest").read_text().split("_")[1])
-    from tba.store import BufferStore
+    from tba.algorithm.store import BufferStore
 
     groups = BufferStore(broken, readonly=True).num_groups()
     time.sleep(2)  # orphaned searchers notice the dead trainer and exit

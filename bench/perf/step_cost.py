@@ -23,7 +23,7 @@ Phases, seconds per update, exclusive (a timed phase nested in another is subtra
   buffer insert  tba: ReplayBuffer.extend (with its SQLite write) and mark_sync; TRL: none
   buffer draw    tba: ReplayBuffer.sample; TRL: get_batch_samples (its dataloader's prompt batch)
   collation      padding into tensors. tba: tba.models.generation._pad (generation, scoring, trainer) and
-                 tba.trainer._padded; TRL: trl's pad() and _tokenize_prompts
+                 tba.algorithm.trainer._padded; TRL: trl's pad() and _tokenize_prompts
   forward        tba: Trainer.step (policy log-probs, loss, diagnostics); TRL: compute_loss
   backward       torch.Tensor.backward, both
   optimizer      tba: Trainer._apply_gradients (grad norm, AdamW step, zero_grad); TRL: _get_grad_norm and
@@ -74,13 +74,15 @@ import torch  # noqa: E402
 from bench.lib.header import header  # noqa: E402
 from bench.lib.paths import OUT  # noqa: E402
 from bench.perf.vs_trl import SMOKE  # noqa: E402
-from tba import build, generation, loop, searcher  # noqa: E402
-from tba import trainer as trainer_mod  # noqa: E402
-from tba.buffer import ReplayBuffer  # noqa: E402
+from tba import build, searcher  # noqa: E402
+from tba.algorithm import loop  # noqa: E402
+from tba.algorithm import trainer as trainer_mod  # noqa: E402
+from tba.algorithm.buffer import ReplayBuffer  # noqa: E402
 from tba.build import build_task, train, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
 from tba.evaluate import greedy_accuracy  # noqa: E402
 from tba.metrics import MetricsLogger  # noqa: E402
+from tba.models import generation  # noqa: E402
 from tba.runtime.inline import InlineRuntime  # noqa: E402
 from tba.runtime.local import LocalRuntime  # noqa: E402
 from tba.samplers.hf import HFSampler  # noqa: E402

@@ -15,7 +15,7 @@ import gc
 import sys
 from pathlib import Path
 
-from tba import loop
+from tba.algorithm import loop
 from tba.cli import main as tba_main
 
 RUN_DIR = sys.argv[1]

@@ -16,7 +16,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from tba.store import BufferStore
+from tba.algorithm.store import BufferStore
 
 
 def supply(run: Path, every: int, correct: float, source: str = "policy") -> dict[int, tuple[int, float, float]]:

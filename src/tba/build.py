@@ -4,7 +4,7 @@
 Every component it makes takes only its own section(s) of the config and finished parts — the trainer its
 `trainer`/`tb`/`baselines` sections and the resolved objective, the buffer its `buffer` section, the searchers
 a `tba.specs.SearcherSpec` each, the loop its `LoopSettings` — so a component's signature lists everything it
-needs. No training logic here (that is tba.loop). `train` composes a run, fresh or resumed, around the loop.
+needs. No training logic here (that is tba.algorithm.loop). `train` composes a run, fresh or resumed, around the loop.
 """
 
 from __future__ import annotations
@@ -21,14 +21,21 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import tba.checkpoint as ckpt
 import tba.rundir as rundir
-from tba.buffer import ReplayBuffer
+from tba.algorithm.buffer import ReplayBuffer
+from tba.algorithm.loop import Loop, LoopSettings
+from tba.algorithm.monitor import Monitor
+from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.objectives.tb import beta_at
+from tba.algorithm.runtime import Runtime
+from tba.algorithm.seeding import rng_isolated, searcher_seed, seed_everything, set_rng_state
+from tba.algorithm.state import RunState
+from tba.algorithm.trainer import Trainer
 from tba.checkpoint import Checkpointer, CheckpointError
 from tba.config import RunConfig, plain, save_config, to_dict
 from tba.config.schema import SearchConfig, SearcherGroup
 from tba.episodes import Limits
 from tba.errors import ConfigError
 from tba.evaluate import Evaluator
-from tba.loop import Loop, LoopSettings
 from tba.metrics import MetricsLogger, run_summary
 from tba.models import (
     apply_lora,
@@ -41,26 +48,19 @@ from tba.models import (
 )
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.sources import resolve_source
-from tba.monitor import Monitor
-from tba.objectives import OBJECTIVES
-from tba.objectives.tb import beta_at
 from tba.offline_data import make_groups, read_rows, target_weight_warning
 from tba.plugins import load_object
 from tba.runtime import RUNTIMES, forkserver
 from tba.runtime.base import InlineParts, RuntimeParts
 from tba.samplers import SAMPLERS
-from tba.seam import Runtime
-from tba.seeding import rng_isolated, searcher_seed, seed_everything
 from tba.sft import cache_key
 from tba.sft import warm_start as sft_warm_start
 from tba.specs import ModelSources, SamplerSpec, SearcherSpec
-from tba.state import RunState
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring, Task
 from tba.tasks.data import DataLoadError
 from tba.tasks.prepare import TaskSpec, apply_chat_template, fit_prompts, prompt_limit
 from tba.tasks.prepare import build_task as build_task_from_spec
-from tba.trainer import Trainer
 
 
 # ---- the task and the models ---------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ class Run:
 def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state: RunState,
               log=print) -> Run:
     """Task, models (on their device), trainer (restored on resume), buffer and runtime, in that order.
-    `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.state.RunState."""
+    `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.algorithm.state.RunState."""
     task = build_task(cfg)
     prompt_ids = {p.text.strip(): p.id for p in task.train}  # as the task wrote them, before any chat template
     tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state, log)
@@ -351,7 +351,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
 def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = False,
           callbacks: list | None = None) -> dict:
     """Compose a run — fresh, or resumed from the newest usable checkpoint of `cfg.output_dir` — and run the
-    loop (tba.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json). `callbacks`
+    loop (tba.algorithm.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json). `callbacks`
     are called as fn(step, metrics) after every update."""
     out = Path(cfg.output_dir)
     rundir.prepare(out, resume=resume, overwrite=overwrite)
@@ -376,7 +376,7 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
             f"{moved} metric lines of the interrupted segment moved to metrics.interrupted.jsonl")
     logger = MetricsLogger(out, cfg.logging, plain(to_dict(cfg)), callbacks)
     if resume_from is not None:
-        ckpt.set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
+        set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
     monitor = Monitor(dataclasses.replace(state), t_run, cfg.supervision.heartbeat_timeout_s)
     loop = Loop(loop_settings(cfg), trainer=run.trainer, buffer=run.buffer, runtime=run.runtime,
                 evaluator=run.evaluator, checkpoints=Checkpointer(out, run.policy, run.tokenizer, cfg.checkpoint.keep),

@@ -29,21 +29,19 @@ checkpoints without them load as before.
 
 from __future__ import annotations
 
-import base64
 import errno
 import json
 import os
-import random
 import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from tba.algorithm.seeding import rng_state
 from tba.errors import UserError
 
 STATE = "state.json"
@@ -52,45 +50,6 @@ TENSORS = "tensors.safetensors"
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be written (disk full, unwritable) or read (missing, incomplete)."""
-
-
-def encode_bytes(t: torch.Tensor) -> str:
-    return base64.b64encode(t.numpy().tobytes()).decode()
-
-
-def decode_bytes(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-
-
-def rng_state() -> dict:
-    """This process's Python, NumPy and torch RNG states (JSON-able), and under "cuda" one state per CUDA
-    device if this process has initialised CUDA (it is not initialised for this)."""
-    np_state, (version, internal, gauss) = np.random.get_state(), random.getstate()
-    state = {"python": [version, list(internal), gauss],
-             "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-             "torch": encode_bytes(torch.get_rng_state())}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [encode_bytes(s) for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what `rng_state` returned. CUDA states are restored when this process sees as many devices
-    as they were saved from, else skipped with a warning; states without them (older checkpoints) load."""
-    v, internal, gauss = state["python"]
-    random.setstate((v, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(decode_bytes(state["torch"]))
-    cuda = state.get("cuda")
-    if cuda is not None:
-        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if devices == len(cuda):
-            torch.cuda.set_rng_state_all([decode_bytes(s) for s in cuda])
-        else:
-            warnings.warn(f"the saved RNG state holds {len(cuda)} CUDA generator(s) but this process sees "
-                          f"{devices} CUDA device(s): CUDA RNG not restored, so CUDA sampling will not repeat "
-                          "the interrupted run exactly", RuntimeWarning, stacklevel=2)
 
 
 def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:

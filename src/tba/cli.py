@@ -17,10 +17,10 @@ import os
 import sys
 from pathlib import Path
 
+from tba.algorithm.objectives import OBJECTIVES
 from tba.config import load_config
 from tba.episodes import turns
 from tba.errors import ConfigError, UserError
-from tba.objectives import OBJECTIVES
 from tba.tasks import TASKS
 
 USAGE = """tba train [CONFIG.yaml] [key.sub=value ...] [--overwrite]   run TBA (no config: the embedded default)
@@ -112,7 +112,7 @@ def buffer_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     if len(ns.args) != 2 or ns.args[0] not in ("stats", "dump"):
         parser.error("usage: tba buffer stats|dump RUN_DIR")
     (action, run_dir), limit = ns.args, ns.limit
-    from tba.store import BufferStore
+    from tba.algorithm.store import BufferStore
 
     store = BufferStore(run_dir, readonly=True)
     if action == "stats":

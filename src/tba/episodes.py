@@ -19,7 +19,7 @@ marks the policy's tokens (1) and the environment's (0). With log π summed over
     log π_θ(τ) − log π_ref(τ) = Σ_{policy tokens t} [log π_θ(y_t|h_t) − log π_ref(y_t|h_t)]
 
 because the environment's transition probabilities are the same factor in both: TB's residual, every
-objective and every log-prob in tba read the mask (tba.trainer), and single-turn samples (empty mask) are
+objective and every log-prob in tba read the mask (tba.algorithm.trainer), and single-turn samples (empty mask) are
 unchanged. What this does *not* make exact in a stochastic environment is the trajectory target
 π_ref(τ)·exp(r/β)/Z — see tba.tasks.enumerable_turns and docs/environments.md.
 

@@ -10,87 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tba.algorithm.state import RunTotals
 from tba.config.schema import LoggingConfig
-
-
-def source_metrics(draws, version: int, sources: dict[str, dict]) -> dict[str, float]:
-    """Per source (searcher group, data), when the run has more than one: this update's share of the drawn
-    samples, their mean reward and age, and the source's share of every sample received so far."""
-    drawn = [s for d in draws for s in d.samples]
-    names = sorted({s.source for s in drawn} | set(sources))
-    if len(names) < 2:
-        return {}
-    received = sum(t["received"] for t in sources.values())
-    out = {}
-    for name in names:
-        mine = [s for s in drawn if s.source == name]
-        out[f"source/{name}/draw_share"] = len(mine) / len(drawn)
-        out[f"source/{name}/draw_reward_mean"] = float(np.mean([s.reward for s in mine])) if mine else float("nan")
-        out[f"source/{name}/age_mean"] = float(np.mean([version - s.version for s in mine])) if mine else float("nan")
-        out[f"source/{name}/received_share"] = sources.get(name, {}).get("received", 0) / max(received, 1)
-    return out
-
-
-def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh: list[float], received: int,
-                 busy_fraction: float, searchers: dict[str, float], wall_clock_s: float,
-                 sources: dict[str, dict] | None = None) -> dict[str, float]:
-    """One step's metrics: the trainer's `update` metrics, plus what was drawn (staleness = trainer version −
-    sample version, before the update), what the buffer holds, the searchers' own counters, and — with
-    several sources — each source's share (tba.metrics.source_metrics)."""
-    staleness = [version - s.version for d in draws for s in d.samples]
-    extra = {}
-    if buffer.cfg.max_sample_age is not None:
-        extra["buffer/too_old"] = buffer.too_old
-    if buffer.data:
-        extra["buffer/data_fraction"] = float(np.mean([d.data for d in draws]))
-    return {
-        **update,
-        "searcher/reward_mean": float(np.mean(fresh)) if fresh else float("nan"),  # this step's fresh samples
-        "searcher/samples_received": received,
-        "buffer/draw_reward_mean": float(np.mean([s.reward for d in draws for s in d.samples])),
-        "buffer/size": len(buffer),
-        "buffer/prompts": buffer.num_prompts,
-        "buffer/groups": buffer.groups_added,
-        "buffer/age_mean": buffer.age_mean(version),
-        "buffer/online_fraction": float(np.mean([d.online for d in draws])),
-        "staleness/mean": float(np.mean(staleness)),
-        "staleness/max": float(np.max(staleness)),
-        "trainer/busy_fraction": busy_fraction,
-        **searchers,
-        **extra,
-        **source_metrics(draws, version, sources or {}),
-        "wall_clock_s": wall_clock_s,
-    }
-
-
-@dataclass
-class RunTotals:
-    """A run's counters and clocks at its end, summed over its resumed segments."""
-
-    restarts: int
-    """Searcher restarts."""
-    dropped: int
-    """Samples dropped because their reward raised or was not finite."""
-    placement: list[dict]
-    """Where each searcher ran (rank, pid or Ray node, host)."""
-    busy_fraction: float
-    """Share of the last segment's loop time the trainer spent updating."""
-    wall_clock_s: float
-    train_s: float
-    """Training seconds, evaluation excluded."""
-    startup_s: float = 0.0
-    """Seconds from the (last) segment's start to its training clock's: models built, searchers launched and
-    ready, evaluation excluded. A launch-to-accuracy clock is startup_s + train_wall_clock_s."""
 
 
 def run_summary(state, run, totals: RunTotals) -> dict:
     """summary.json: before/after evaluation, train reward at the start and end, and the run's counters.
-    `state`: the loop's tba.state.RunState; `run`: what the run trained with (tba.build.Run)."""
+    `state`: the loop's tba.algorithm.state.RunState; `run`: what the run trained with (tba.build.Run)."""
     trainer, buffer, fitted, t = run.trainer, run.buffer, run.fitted, totals
     window = max(1, len(state.rewards_seen) // 10)
     seen = state.rewards_seen

@@ -14,7 +14,7 @@ with its source name, in one transaction: all of it or nothing. A row that does 
 empty or too long completion, a reward that is not a number — stops the run naming the file and line
 (`data.bad_rows: error`), or is skipped and counted (`skip`).
 
-How it is drawn (tba.buffer): VarGrad's log Ẑ(x) is the mean of r/β − log π_θ + log π_ref over the prompt's
+How it is drawn (tba.algorithm.buffer): VarGrad's log Ẑ(x) is the mean of r/β − log π_θ + log π_ref over the prompt's
 group, so a group holding only one demonstration has δ ≡ 0 and teaches nothing. A data slot of a batch therefore
 holds K/2 items of this data and K/2 searcher samples of the same prompt, and is drawn with probability
 2·`data.share` per slot: `data.share` of the drawn samples, in expectation, come from the data.
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
+from tba.algorithm.types import Group, Sample
 from tba.config.schema import DataConfig
 from tba.episodes import Limits, policy_logprobs, replay_episodes
 from tba.models.generation import response_logprobs
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.tasks.data import DataLoadError
-from tba.types import Group, Sample
 
 
 @dataclass

@@ -27,12 +27,12 @@ import time
 
 import torch
 
+from tba.algorithm.types import Group, Sample
 from tba.config.schema import SearchConfig
 from tba.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
 from tba.models.generation import ended_with_eos, response_logprobs
 from tba.samplers.base import Sampler
 from tba.tasks.base import Prompt, Task, batch_rewards
-from tba.types import Group, Sample
 
 
 class Searcher:

@@ -1,6 +1,6 @@
 from bench.tools.correct_supply import main, supply
-from tba.store import BufferStore
-from tba.types import Group, Sample
+from tba.algorithm.store import BufferStore
+from tba.algorithm.types import Group, Sample
 
 
 def group(prompt_id, version, rewards, source="policy"):

@@ -112,7 +112,7 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
 
 HUNG_TRAINER = """
 import sys, time
-from tba import loop
+from tba.algorithm import loop
 loop.Loop.step = lambda self: time.sleep(3600)  # the trainer hangs after prefill: nobody drains the queue
 if __name__ == "__main__":
     from tba.cli import main

@@ -98,7 +98,7 @@ def test_inline_runtime_is_sync_only(tmp_path, capsys):
 def test_searchers_load_during_the_first_evaluation_and_generate_only_after_it(tmp_path, monkeypatch):
     """Launched before the trainer's first evaluation, a local searcher imports and loads its models meanwhile
     (it reports ready), but sends no samples until `start`: the evaluation stays the policy's alone."""
-    from tba.loop import Loop
+    from tba.algorithm.loop import Loop
 
     original, seen = Loop.evaluate, []
 

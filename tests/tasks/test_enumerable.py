@@ -8,18 +8,17 @@ import math
 import pytest
 import torch
 
-from tba.buffer import Draw
+from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.trainer import Trainer
+from tba.algorithm.types import Draw, Sample
 from tba.build import build_task, train
 from tba.config import ConfigError, load_config
 from tba.config.schema import TBConfig, TinyModelConfig, TrainerConfig
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.generation import generate
-from tba.objectives import OBJECTIVES
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring
 from tba.tasks.enumerable import EnumerableTask, exact_kl, response_space, sequence_logprobs
-from tba.trainer import Trainer
-from tba.types import Sample
 
 QUIET = ["logging.progress=false", "logging.tensorboard=false", "threads=1", "search.threads=1"]
 

@@ -102,7 +102,7 @@ def test_episodes_run_on_the_process_runtimes(tmp_path, runtime):
                            "checkpoint.every_steps=6")
     assert summary["eval_end"]["kl_to_target"] < summary["eval_start"]["kl_to_target"]
     assert metrics[-1]["episode/ended_done"] >= 64 and metrics[-1]["episode/turns_mean"] == 2
-    from tba.store import BufferStore
+    from tba.algorithm.store import BufferStore
 
     (_, _, group), *_ = BufferStore(tmp_path, readonly=True).iter_groups()
     sample = group.samples[0]
@@ -113,8 +113,8 @@ def test_episodes_run_on_the_process_runtimes(tmp_path, runtime):
 def test_an_episode_survives_a_checkpoint_and_resume(tmp_path):
     """Inline, checkpoint at update 4, resume to 8; then the buffer rebuilt from the store's snapshot (what a
     resume loads) draws episodes with their masks, token for token as stored."""
-    from tba.buffer import ReplayBuffer
-    from tba.store import BufferStore
+    from tba.algorithm.buffer import ReplayBuffer
+    from tba.algorithm.store import BufferStore
 
     run(tmp_path, "trainer.steps=4", "eval.every_steps=100", "checkpoint.every_steps=4")
     train(load_config(tmp_path / "config.yaml", ["trainer.steps=8"]), log=lambda m: None, resume=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tba.algorithm.objectives import OBJECTIVES
 from tba.config.rules import (
     devices,
     fraction,
@@ -33,7 +34,6 @@ from tba.config.search import (  # noqa: F401  (the searchers' sections, part of
     VLLMConfig,
 )
 from tba.errors import ConfigError
-from tba.objectives import OBJECTIVES
 from tba.runtime import RUNTIMES
 from tba.tasks import TASKS
 

@@ -154,7 +154,7 @@ class SupervisionConfig:
     heartbeat_timeout_s: float = setting(300.0, positive)
     """Cap on how long a searcher that owes a batch may stay silent before it is killed and restarted like a
     crash. The limit in force is min(this, max(heartbeat_floor_s, 20 × its slowest of the last 16 batches))
-    (tba.cadence); until its first batch only this cap applies: it must exceed the slowest first batch."""
+    (tba.algorithm.timeout); until its first batch only this cap applies: it must exceed the slowest first batch."""
     heartbeat_floor_s: float = setting(10.0, positive)
     """The learnt heartbeat limit is never shorter than this (scheduling jitter on a busy machine is not a hang)."""
     max_restarts: int = setting(3, non_negative)

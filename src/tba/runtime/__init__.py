@@ -1,4 +1,4 @@
-"""Runtimes host the searchers and move data; the training loop (tba.loop) is the same for all of them.
+"""Runtimes host the searchers and move data; the training loop (tba.algorithm.loop) is the same for all of them.
 
 This file is the registry (light: config validation reads it without importing torch): `RUNTIMES` maps
 `runtime` to the `tba.plugins` target of its factory, `TRANSPORTS` lists `search.weight_transport`'s choices.

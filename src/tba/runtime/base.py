@@ -1,6 +1,6 @@
 """What every runtime shares: what it is built from (`RuntimeParts`), how a worker builds its searcher from a
 `tba.specs.SearcherSpec`, and what a worker reports with each batch. The seam itself — the `Runtime` protocol
-the loop is written against, and the `RuntimeReport` it reads back — is tba.seam.
+the loop is written against, and the `RuntimeReport` it reads back — is tba.algorithm.runtime.
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from tba.checkpoint import rng_state, set_rng_state
+from tba.algorithm.runtime import RuntimeReport
+from tba.algorithm.seeding import rng_state, seed_everything, set_rng_state
 from tba.config.schema import RayConfig, SupervisionConfig
 from tba.errors import UserError
 from tba.models import load_model, load_tokenizer, resolve_device
 from tba.plugins import load_object
 from tba.samplers.base import Sampler
-from tba.seam import RuntimeReport
 from tba.searcher import Searcher
-from tba.seeding import seed_everything
 from tba.specs import SamplerSpec, SearcherSpec
 from tba.tasks.base import Task
 from tba.tasks.prepare import build_task, fit_prompts

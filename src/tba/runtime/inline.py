@@ -12,10 +12,10 @@ import os
 import socket
 import time
 
+from tba.algorithm.runtime import RuntimeReport
+from tba.algorithm.types import Group
 from tba.runtime.base import RuntimeParts, build_sampler, episode_ends, mean_reward_metrics, restore_searcher
-from tba.seam import RuntimeReport
 from tba.searcher import Searcher
-from tba.types import Group
 
 
 class InlineRuntime:

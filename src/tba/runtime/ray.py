@@ -34,11 +34,11 @@ import time
 
 import torch
 
+from tba.algorithm.types import Group
 from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, build_searcher, restore_searcher
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
 from tba.specs import SearcherSpec
-from tba.types import Group
 
 try:
     import ray

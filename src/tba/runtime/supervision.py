@@ -1,7 +1,8 @@
 """Searcher supervision, written once for every runtime whose searchers live elsewhere (processes, Ray actors).
 
 What it decides, for each searcher rank: is it due to deliver a batch, and for how long has it been silent
-(heartbeat: a `tba.cadence.Cadence` per rank, its limit derived from that searcher's own batch times, capped
+(heartbeat: a `tba.algorithm.timeout.LearntTimeout` per rank, its limit derived from that searcher's own batch times,
+capped
 by `supervision.heartbeat_timeout_s`, never below `supervision.heartbeat_floor_s`); did a restarted one come back
 within `supervision.ready_timeout_s`; and may the run afford one more restart (`supervision.max_restarts`), with the
 message
@@ -13,16 +14,16 @@ from __future__ import annotations
 
 import time
 
-from tba.cadence import Cadence
+from tba.algorithm.runtime import RuntimeReport
+from tba.algorithm.timeout import LearntTimeout
 from tba.config.schema import SupervisionConfig
 from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, worker_report
-from tba.seam import RuntimeReport
 
 
 class Supervisor:
     def __init__(self, num_searchers: int, supervision: SupervisionConfig, log=print):
         self.cfg, self.log, self.restarts = supervision, log, 0
-        self.clocks = [Cadence(supervision.heartbeat_timeout_s, supervision.heartbeat_floor_s)
+        self.clocks = [LearntTimeout(supervision.heartbeat_timeout_s, supervision.heartbeat_floor_s)
                        for _ in range(num_searchers)]
         self.starting_since: list[float | None] = [None] * num_searchers
         """Since when a restarted rank has been starting (its heartbeat begins once it reports ready)."""

@@ -3,7 +3,7 @@
 Clocks: wall-clock seconds since the run started (start-up included), training seconds (evaluation excluded)
 and the trainer's busy fraction (updating, not waiting), each summed over the run's resumed segments. Warnings:
 an async trainer that keeps drawing from an aging buffer because no fresh samples come, and samples dropped
-because their reward raised or was not finite. Kept apart from tba.loop so that the loop reads as the order
+because their reward raised or was not finite. Kept apart from tba.algorithm.loop so that the loop reads as the order
 of operations and nothing else.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tba.cadence import Cadence
-from tba.seam import RuntimeReport
-from tba.state import RunState
+from tba.algorithm.runtime import RuntimeReport
+from tba.algorithm.state import RunState
+from tba.algorithm.timeout import LearntTimeout
 
 NO_FRESH_WARN_S = 60.0
 """The aging-buffer warning's cap: an async trainer with no fresh samples for this long says so. Sooner when
-fresh samples usually come faster: after max(NO_FRESH_FLOOR_S, 20 × the slowest recent gap) (tba.cadence)."""
+fresh samples usually come faster: after max(NO_FRESH_FLOOR_S, 20 × the slowest recent gap) (tba.algorithm.timeout)."""
 NO_FRESH_FLOOR_S = 5.0
 """Warn when the trainer has drawn from the buffer this long without a single fresh group (async)."""
 
@@ -30,7 +30,7 @@ class Monitor:
         self.t_train = self.t_loop = t_run
         self.eval_s, self.busy_before = 0.0, before.busy_s
         self.startup_s = 0.0
-        self.freshness = Cadence(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)
+        self.freshness = LearntTimeout(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)
         self.warned_no_fresh, self.warned_dropped = False, 0
 
     # ---- clocks ------------------------------------------------------------------------------------------

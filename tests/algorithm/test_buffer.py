@@ -2,9 +2,9 @@ from collections import Counter
 
 import pytest
 
-from tba.buffer import ReplayBuffer
+from tba.algorithm.buffer import ReplayBuffer
+from tba.algorithm.types import Group, Sample
 from tba.config.schema import BufferConfig
-from tba.types import Group, Sample
 
 
 def make(*, seed: int = 0, path=None, readonly: bool = False, **fields) -> ReplayBuffer:
@@ -212,7 +212,7 @@ def test_a_store_without_this_versions_tables_is_refused_by_name(tmp_path):
     """No compatibility layer for stores of unreleased versions: one message naming what is missing."""
     import sqlite3
 
-    from tba.store import BufferStore, StoreError
+    from tba.algorithm.store import BufferStore, StoreError
 
     live = make(capacity_per_prompt=4, seed=2, path=tmp_path)
     _feed(live, 2)

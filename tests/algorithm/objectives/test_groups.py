@@ -1,6 +1,6 @@
 import torch
 
-from tba.objectives.groups import group_index, group_mean, group_size
+from tba.algorithm.objectives.groups import group_index, group_mean, group_size
 
 
 def test_group_mean_by_id_not_position():

@@ -12,7 +12,7 @@ The runtime (inline, local processes, Ray, offline; tba.runtime) only decides wh
 groups and weights travel; `tba.build` makes every part from the config, and `tba.build.train` composes a run
 (fresh or resumed) around this loop. This file is the order of operations, which is part of the algorithm,
 and nothing else: it imports no runtime and nothing that builds one, and its clocks and warnings are the
-`Monitor`'s (tba.monitor).
+`Monitor`'s (tba.algorithm.monitor).
 
 Crash-proofing lives at the step boundary: groups are persisted by the buffer before it accepts them, and
 every `checkpoint.every_steps` (and at exit) a full checkpoint is written atomically; a resume rebuilds
@@ -25,15 +25,16 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from tba.buffer import NothingYoungEnough, ReplayBuffer
+from tba.algorithm.buffer import NothingYoungEnough, ReplayBuffer
+from tba.algorithm.metrics import step_metrics
+from tba.algorithm.monitor import Monitor
+from tba.algorithm.runtime import Runtime
+from tba.algorithm.state import CheckpointState, Evaluation, RunState, RunTotals
+from tba.algorithm.trainer import Trainer
 from tba.checkpoint import Checkpointer, CheckpointError
 from tba.evaluate import Evaluator
-from tba.metrics import MetricsLogger, RunTotals, step_metrics
-from tba.monitor import Monitor
+from tba.metrics import MetricsLogger
 from tba.progress import GracefulStop, RunProgress
-from tba.seam import Runtime
-from tba.state import CheckpointState, Evaluation, RunState
-from tba.trainer import Trainer
 
 
 @dataclass(frozen=True)

@@ -44,3 +44,15 @@ class Group:
     samples: list[Sample]
     source: str = "policy"
     """Who produced the group (every sample of it): a searcher group's name, or the data's."""
+
+
+@dataclass
+class Draw:
+    """K samples of one prompt, as handed to the trainer."""
+
+    prompt_id: int
+    prompt_tokens: list[int]
+    samples: list[Sample]
+    online: bool
+    data: bool = False
+    """A data slot: half of its samples come from tba.offline_data."""

@@ -2,10 +2,10 @@ import pytest
 import torch
 from toys import token_logp, token_toy
 
-from tba.objectives.dr_grpo import dr_grpo_loss
-from tba.objectives.groups import group_mean
-from tba.objectives.tb import vargrad_tb_loss
-from tba.objectives.tba_prime import tba_prime_loss
+from tba.algorithm.objectives.dr_grpo import dr_grpo_loss
+from tba.algorithm.objectives.groups import group_mean
+from tba.algorithm.objectives.tb import vargrad_tb_loss
+from tba.algorithm.objectives.tba_prime import tba_prime_loss
 
 NAN, INF = float("nan"), float("inf")
 

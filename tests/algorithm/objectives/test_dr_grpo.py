@@ -4,8 +4,8 @@ import pytest
 import torch
 from toys import token_logp, token_toy
 
-from tba.objectives.dr_grpo import dr_grpo_loss
-from tba.objectives.groups import group_mean
+from tba.algorithm.objectives.dr_grpo import dr_grpo_loss
+from tba.algorithm.objectives.groups import group_mean
 
 NAN, INF = float("nan"), float("inf")
 

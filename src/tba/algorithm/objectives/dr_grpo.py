@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tba.objectives.groups import check_token_inputs, group_mean
+from tba.algorithm.objectives.groups import check_token_inputs, group_mean
 
 
 def dr_grpo_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tba.objectives.groups import group_mean, group_size
+from tba.algorithm.objectives.groups import group_mean, group_size
 
 
 def rloo_loss(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, group: torch.Tensor,

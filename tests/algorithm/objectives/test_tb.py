@@ -2,7 +2,7 @@ import pytest
 import torch
 from toys import assert_order_and_label_invariant, sequence_toy
 
-from tba.objectives.tb import beta_at, vargrad_log_z, vargrad_tb_loss
+from tba.algorithm.objectives.tb import beta_at, vargrad_log_z, vargrad_tb_loss
 
 
 def test_hand_computed_example():

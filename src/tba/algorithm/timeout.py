@@ -10,7 +10,7 @@ clock learns the pace of what it watches and derives its limit from it:
 Until one interval has been seen (start-up, a first batch that loads or compiles) the cap alone applies. The
 floor keeps scheduling jitter from looking like a hang; the slowest recent interval (not the mean) keeps a
 slow-but-regular phase, such as a trainer evaluation that delays reading, from tripping it. Used by the
-runtimes' heartbeat (tba.runtime.supervision) and by the loop's aging-buffer warning (tba.loop).
+runtimes' heartbeat (tba.runtime.supervision) and by the loop's aging-buffer warning (tba.algorithm.loop).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 
-class Cadence:
+class LearntTimeout:
     """A clock over one stream of events: `start` when one becomes due, `tick` when it arrives."""
 
     def __init__(self, cap_s: float, floor_s: float, factor: float = 20.0, window: int = 16):

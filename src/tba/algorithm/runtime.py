@@ -1,7 +1,7 @@
 """The runtime seam: what the training loop needs from whatever hosts the searchers, and what it reads back.
 
 Three things move: completed groups (searcher → buffer), weights with a version (trainer → searchers), and
-control (start, stop, errors, metrics). A runtime (tba.runtime) implements `Runtime`; the loop in tba.loop is
+control (start, stop, errors, metrics). A runtime (tba.runtime) implements `Runtime`; the loop in tba.algorithm.loop is
 written against it only, so it reads the same on one process, several local processes, or a Ray cluster. This
 module imports nothing of the runtimes: the algorithm's files may import it.
 """
@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from tba.types import Group
+from tba.algorithm.types import Group
 
 
 @dataclass

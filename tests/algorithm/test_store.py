@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from tba.store import BufferStore, StoreError
-from tba.types import Group, Sample
+from tba.algorithm.store import BufferStore, StoreError
+from tba.algorithm.types import Group, Sample
 
 
 def group(pid, n=3, version=0, reward=1.0):

@@ -8,8 +8,8 @@ import pytest
 from paths import TINY as TINY_RECIPE
 from safetensors.torch import load_file
 
+from tba.algorithm.objectives import OBJECTIVES
 from tba.cli import main
-from tba.objectives import OBJECTIVES
 
 TINY = TINY_RECIPE
 

@@ -95,3 +95,23 @@ class CheckpointState:
     def to_json(self) -> dict:
         return {**self.run.to_checkpoint(), "version": self.version, "skipped_steps": self.skipped_steps,
                 "buffer": self.buffer, "searchers": self.searchers}
+
+
+@dataclass
+class RunTotals:
+    """A run's counters and clocks at its end, summed over its resumed segments."""
+
+    restarts: int
+    """Searcher restarts."""
+    dropped: int
+    """Samples dropped because their reward raised or was not finite."""
+    placement: list[dict]
+    """Where each searcher ran (rank, pid or Ray node, host)."""
+    busy_fraction: float
+    """Share of the last segment's loop time the trainer spent updating."""
+    wall_clock_s: float
+    train_s: float
+    """Training seconds, evaluation excluded."""
+    startup_s: float = 0.0
+    """Seconds from the (last) segment's start to its training clock's: models built, searchers launched and
+    ready, evaluation excluded. A launch-to-accuracy clock is startup_s + train_wall_clock_s."""

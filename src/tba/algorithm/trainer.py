@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tba.buffer import Draw
+from tba.algorithm.objectives import Objective
+from tba.algorithm.objectives.tb import beta_at, vargrad_log_z
+from tba.algorithm.types import Draw
 from tba.checkpoint import load_optimizer
 from tba.config.schema import BaselineConfig, TBConfig, TrainerConfig
 from tba.models import load_model, synced_tensors
 from tba.models.generation import response_logprobs
-from tba.objectives import Objective
-from tba.objectives.tb import beta_at, vargrad_log_z
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -75,7 +75,8 @@ class Trainer:
     def __init__(self, model, objective: Objective, cfg: TrainerConfig, tb: TBConfig, *, temperature: float,
                  pad_id: int, baselines: BaselineConfig | None = None, max_tokens: int = 1, reference=None,
                  aging: frozenset[str] | None = None):
-        """`objective`: an entry of tba.objectives.OBJECTIVES; `reference`: its own π_ref copy, for an objective
+        """`objective`: an entry of tba.algorithm.objectives.OBJECTIVES; `reference`: its own π_ref copy, for an
+        objective
         that owns one (TBA′ resets it to the policy every ρ steps and scores π_ref itself); `aging`: the sources
         whose samples age (they load the trainer's weights; None = every source), which the age-scaled step
         looks at."""

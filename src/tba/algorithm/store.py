@@ -46,8 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tba.algorithm.types import Group, Sample
 from tba.errors import UserError
-from tba.types import Group, Sample
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS prompts(prompt_id INTEGER PRIMARY KEY, tokens BLOB NOT NULL);

@@ -50,7 +50,7 @@ def test_rng_isolated_leaves_every_generator_where_it_was():
 
     import numpy as np
 
-    from tba.seeding import rng_isolated, seed_everything
+    from tba.algorithm.seeding import rng_isolated, seed_everything
 
     seed_everything(5)
     expected = (random.random(), np.random.rand(), torch.rand(1).item())

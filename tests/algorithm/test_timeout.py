@@ -1,10 +1,10 @@
-"""tba.cadence: a limit learnt from the observed pace, capped, floored; the cap alone before any interval."""
+"""tba.algorithm.timeout: a limit learnt from the observed pace, capped, floored; the cap alone before any interval."""
 
-from tba.cadence import Cadence
+from tba.algorithm.timeout import LearntTimeout
 
 
 def test_the_cap_applies_until_an_interval_has_been_seen():
-    c = Cadence(cap_s=300, floor_s=10)
+    c = LearntTimeout(cap_s=300, floor_s=10)
     assert c.limit_s() == 300 and c.overdue_s(now=1e9) is None  # nothing awaited yet
     c.start(now=0.0)
     assert c.overdue_s(now=299.0) is None and c.overdue_s(now=301.0) == 301.0
@@ -12,7 +12,7 @@ def test_the_cap_applies_until_an_interval_has_been_seen():
 
 
 def test_a_fast_stream_gets_a_short_limit_but_never_below_the_floor():
-    c = Cadence(cap_s=300, floor_s=10, factor=20)
+    c = LearntTimeout(cap_s=300, floor_s=10, factor=20)
     c.start(now=0.0)
     for k in range(1, 6):  # a batch every 0.1 s
         c.tick(now=0.1 * k)
@@ -22,7 +22,7 @@ def test_a_fast_stream_gets_a_short_limit_but_never_below_the_floor():
 
 
 def test_the_slowest_recent_interval_sets_the_limit_and_old_ones_age_out():
-    c = Cadence(cap_s=300, floor_s=1, factor=20, window=4)
+    c = LearntTimeout(cap_s=300, floor_s=1, factor=20, window=4)
     c.start(now=0.0)
     t = 0.0
     for gap in (2.0, 0.1, 0.1, 0.1):
@@ -37,7 +37,7 @@ def test_the_slowest_recent_interval_sets_the_limit_and_old_ones_age_out():
 
 
 def test_a_stream_that_owes_nothing_between_events_is_not_timed():
-    c = Cadence(cap_s=5, floor_s=1)
+    c = LearntTimeout(cap_s=5, floor_s=1)
     c.start(now=0.0)
     c.tick(now=1.0, again=False)  # sync mode: delivered, nothing more asked for
     assert c.overdue_s(now=100.0) is None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tba.objectives.groups import group_index
+from tba.algorithm.objectives.groups import group_index
 
 
 def online_dpo_loss(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, group: torch.Tensor,

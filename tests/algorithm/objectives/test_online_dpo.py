@@ -4,7 +4,7 @@ import pytest
 import torch
 from toys import assert_order_and_label_invariant
 
-from tba.objectives.online_dpo import online_dpo_loss
+from tba.algorithm.objectives.online_dpo import online_dpo_loss
 
 
 def _hand_example():

@@ -3,7 +3,7 @@
 What is checked: groups are in the buffer (and on disk) before they can be drawn; weights are published
 every k updates with the trainer's version and a new recency window starts there; checkpoints are written
 on schedule and at the end; a resume re-adds the groups accepted after the checkpoint; and the state the
-loop checkpoints (tba.state.RunState) round-trips.
+loop checkpoints (tba.algorithm.state.RunState) round-trips.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from tba import monitor as monitor_module
+from tba.algorithm import monitor as monitor_module
+from tba.algorithm.loop import Loop
+from tba.algorithm.monitor import Monitor
+from tba.algorithm.runtime import RuntimeReport
+from tba.algorithm.state import Evaluation, RunState
+from tba.algorithm.types import Group, Sample
 from tba.build import build_buffer, loop_settings
 from tba.config import load_config
-from tba.loop import Loop
-from tba.monitor import Monitor
-from tba.seam import RuntimeReport
-from tba.state import Evaluation, RunState
-from tba.types import Group, Sample
 
 
 def group(pid: int, version: int, n: int = 4) -> Group:
@@ -226,7 +226,7 @@ def test_checkpoints_compact_the_store_and_a_resume_rebuilds_the_buffer_from_its
     run, _, _ = make(steps=24, every=4, extra=("buffer.max_samples=16",), keep=2)
     run.run()
     run.close()
-    from tba.store import BufferStore
+    from tba.algorithm.store import BufferStore
 
     store = BufferStore(run.checkpoints.run_dir, readonly=True)
     accepted = store.num_groups() * 4  # every stub group has 4 samples

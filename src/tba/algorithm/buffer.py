@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tba.algorithm.store import BufferStore
+from tba.algorithm.types import Draw, Group, Sample
 from tba.config.schema import BufferConfig
-from tba.store import BufferStore
-from tba.types import Group, Sample
 
 
 @dataclass
@@ -54,18 +54,6 @@ class PromptHistory:
     items: list[Sample] = field(default_factory=list)
     latest_version: int = -1
     n_online: int = 0
-
-
-@dataclass
-class Draw:
-    """K samples of one prompt, as handed to the trainer."""
-
-    prompt_id: int
-    prompt_tokens: list[int]
-    samples: list[Sample]
-    online: bool
-    data: bool = False
-    """A data slot: half of its samples come from tba.offline_data."""
 
 
 class NothingYoungEnough(RuntimeError):

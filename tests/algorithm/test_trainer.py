@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from tba.buffer import Draw
+from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.objectives.tb import vargrad_tb_loss
+from tba.algorithm.trainer import Trainer, lr_factor
+from tba.algorithm.types import Draw
 from tba.config.schema import SearchConfig, TBConfig, TrainerConfig
 from tba.models.generation import response_logprobs
-from tba.objectives import OBJECTIVES
-from tba.objectives.tb import vargrad_tb_loss
 from tba.samplers.hf import HFSampler
 from tba.searcher import Searcher
-from tba.trainer import Trainer, lr_factor
 
 K = 4
 

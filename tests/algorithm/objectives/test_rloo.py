@@ -2,8 +2,8 @@ import pytest
 import torch
 from toys import assert_order_and_label_invariant, sequence_toy
 
-from tba.objectives.groups import group_mean
-from tba.objectives.rloo import rloo_loss
+from tba.algorithm.objectives.groups import group_mean
+from tba.algorithm.objectives.rloo import rloo_loss
 
 
 def test_hand_computed_example():

@@ -50,16 +50,16 @@ class Objective:
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
-    Objective("tb", "tba.objectives.tb:vargrad_tb_loss", "VarGrad Trajectory Balance (the paper's objective)",
+    Objective("tb", "tba.algorithm.objectives.tb:vargrad_tb_loss", "VarGrad Trajectory Balance (the paper's objective)",
               options=(("beta", "beta"), ("residual_clip", "tb.residual_clip"))),
-    Objective("dr_grpo", "tba.objectives.dr_grpo:dr_grpo_loss",
+    Objective("dr_grpo", "tba.algorithm.objectives.dr_grpo:dr_grpo_loss",
               "Dr. GRPO: clipped PPO ratio to the behaviour policy, group-mean baseline",
               per_token=True, reads_behaviour=True, options=(("clip_eps", "clip_eps"), ("kl_coef", "kl_coef"))),
-    Objective("rloo", "tba.objectives.rloo:rloo_loss", "REINFORCE leave-one-out with a KL-shaped reward",
+    Objective("rloo", "tba.algorithm.objectives.rloo:rloo_loss", "REINFORCE leave-one-out with a KL-shaped reward",
               options=(("beta", "beta"),)),
-    Objective("online_dpo", "tba.objectives.online_dpo:online_dpo_loss",
+    Objective("online_dpo", "tba.algorithm.objectives.online_dpo:online_dpo_loss",
               "online DPO on the best and worst sample of each group", options=(("beta", "beta"),)),
-    Objective("tba_prime", "tba.objectives.tba_prime:tba_prime_loss",
+    Objective("tba_prime", "tba.algorithm.objectives.tba_prime:tba_prime_loss",
               "TBA′: the VarGrad-TB advantage with clipped importance weights, π_ref reset every ρ",
               per_token=True, reads_behaviour=True, owns_reference=True,
               options=(("beta", "beta"), ("clip_ratio", "importance_clip"))),
