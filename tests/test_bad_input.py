@@ -10,8 +10,8 @@ import pytest
 
 from tba.cli import main
 from tba.config.schema import SearchConfig
-from tba.samplers.hf import HFSampler
-from tba.searcher import Searcher
+from tba.rollout.samplers.hf import HFSampler
+from tba.rollout.searcher import Searcher
 from tba.tasks.arith import ArithTask
 from tba.tasks.prepare import fit_prompts
 

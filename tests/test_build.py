@@ -8,8 +8,8 @@ from tba.algorithm.store import BufferStore
 from tba.algorithm.types import Group, Sample
 from tba.config import ConfigError, load_config
 from tba.plugins import load_object
+from tba.rollout.samplers import SAMPLERS
 from tba.runtime import RUNTIMES
-from tba.samplers import SAMPLERS
 from tba.tasks import TASKS
 
 

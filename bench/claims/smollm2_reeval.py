@@ -68,8 +68,8 @@ def paired_se(a: list[float], b: list[float]) -> float:
 
 def score_checkpoint(path, cfg, tokenizer, task, prompts) -> list[float]:
     """Per-problem reward of one greedy completion, with the run's evaluation settings."""
-    from tba.evaluate import complete
     from tba.models import load_model
+    from tba.rollout.evaluate import complete
     from tba.tasks.base import batch_rewards
 
     model = load_model(str(path), cfg.model.dtype)

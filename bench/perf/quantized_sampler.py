@@ -13,7 +13,7 @@ them alike; ratios are within one run):
 
   none                    full precision (float32): what the trainer trains
   int8                    search.quantize=int8: on a CPU torch's dynamic int8 (fbgemm), per-channel weights, the
-                          MLP down projections kept in float32 (tba.quantize explains why)
+                          MLP down projections kept in float32 (tba.rollout.quantize explains why)
   int8, every layer       the same kernels on every linear layer with torch's default (per-tensor) weights: shown
                           for int8's choice of layers
   int8_weight             search.quantize=int8_weight: torchao's weight-only int8
@@ -47,8 +47,8 @@ from bench.lib.reading import write_keeping_reading
 from bench.lib.smoke import SMOKE_OVERRIDES
 from tba.models import synced_tensors
 from tba.models.generation import response_logprobs
-from tba.quantize import _quiet_import, _torchao
-from tba.samplers.hf import HFSampler
+from tba.rollout.quantize import _quiet_import, _torchao
+from tba.rollout.samplers.hf import HFSampler
 from tba.tasks.base import batch_rewards
 
 RECIPES = {"smollm2": "smollm2_rg_cpu", "arith_hard": "arith_hard_cpu"}

@@ -257,12 +257,12 @@ def main() -> None:
     ap.add_argument("--reloads", type=int, default=3)
     ap.add_argument("--vllm-kv-gb", type=float, default=2.0)
     ap.add_argument("--fast-cpu-env", action="store_true",
-                    help="re-run under tba.samplers.vllm.fast_cpu_env() (what a local vLLM searcher gets)")
+                    help="re-run under tba.rollout.samplers.vllm.fast_cpu_env() (what a local vLLM searcher gets)")
     ap.add_argument("--results", type=Path, default=RESULTS / "sampler" / "sampler.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     args = ap.parse_args()
     if args.fast_cpu_env:
-        from tba.samplers.vllm import fast_cpu_env
+        from tba.rollout.samplers.vllm import fast_cpu_env
 
         env = fast_cpu_env()
         if env and os.environ.get("LD_PRELOAD") != env["LD_PRELOAD"]:

@@ -36,7 +36,7 @@ Phases, seconds per update, exclusive (a timed phase nested in another is subtra
                  first is warm-up: its own row, "first update"). Every row is that mean per repeat, then the
                  median over --repeats.
   evaluation     one held-out pass, not in the total: tba Loop.evaluate (median of its calls); TRL
-                 tba.evaluate.greedy_accuracy once on the trained model (as bench/perf/vs_trl.py evaluates it)
+                 tba.rollout.evaluate.greedy_accuracy once on the trained model (as bench/perf/vs_trl.py evaluates it)
   start-up       launch to the first update. tba: from train(), SFT and the first evaluation excluded (models,
                  runtime, searchers ready, prefill of one search batch); TRL: from loading the model to its first
                  batch (GRPOTrainer and its reference model, train()'s set-up; its first generation is in update 1)
@@ -80,12 +80,12 @@ from tba.algorithm import trainer as trainer_mod  # noqa: E402
 from tba.algorithm.buffer import ReplayBuffer  # noqa: E402
 from tba.build import build_task, train, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
-from tba.evaluate import greedy_accuracy  # noqa: E402
 from tba.metrics import MetricsLogger  # noqa: E402
 from tba.models import generation  # noqa: E402
+from tba.rollout.evaluate import greedy_accuracy  # noqa: E402
+from tba.rollout.samplers.hf import HFSampler  # noqa: E402
 from tba.runtime.inline import InlineRuntime  # noqa: E402
 from tba.runtime.local import LocalRuntime  # noqa: E402
-from tba.samplers.hf import HFSampler  # noqa: E402
 
 PHASES = {"generation": "generation", "reference": "reference log-probs", "reward": "reward",
           "search other": "search other / wait", "buffer insert": "buffer insert", "buffer draw": "buffer draw",

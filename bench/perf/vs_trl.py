@@ -5,7 +5,7 @@ loaded with AutoModelForCausalLM / AutoTokenizer), and share: the ArithTask trai
 (`task.reward`, GSM8K last-number exact match), B = trainer.prompts_per_step prompts × K = trainer.samples_per_prompt
 samples per optimizer step, search.max_new_tokens completion tokens, sampling T = search.temperature, top-k 0,
 top-p search.top_p, AdamW (0.9/0.999, eps 1e-8, no weight decay, no warmup, constant lr = trainer.lr, no grad
-clipping, float32), and the evaluation: `tba.evaluate.greedy_accuracy` on task.test (500 problems), every
+clipping, float32), and the evaluation: `tba.rollout.evaluate.greedy_accuracy` on task.test (500 problems), every
 `--eval-every` optimizer steps, on the model being trained, with evaluation time excluded from the clock.
 Prompt text is the bare `a+b=`; both tokenize it with the same tokenizer call, whose post-processor prepends <bos>
 (the smoke run prints both id lists to show they are identical).
@@ -80,7 +80,7 @@ from bench.lib.header import header  # noqa: E402
 from bench.lib.paths import OUT, RESULTS  # noqa: E402
 from tba.build import build_task, train, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
-from tba.evaluate import greedy_accuracy  # noqa: E402
+from tba.rollout.evaluate import greedy_accuracy  # noqa: E402
 from tba.runtime import forkserver  # noqa: E402
 
 SMOKE = ["task.train_size=300", "task.test_size=16", "sft.steps=10", "sft.batch_size=16", "sft.log_every_steps=10",

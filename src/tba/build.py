@@ -33,9 +33,7 @@ from tba.algorithm.trainer import Trainer
 from tba.checkpoint import Checkpointer, CheckpointError
 from tba.config import RunConfig, plain, save_config, to_dict
 from tba.config.schema import SearchConfig, SearcherGroup
-from tba.episodes import Limits
 from tba.errors import ConfigError
-from tba.evaluate import Evaluator
 from tba.metrics import MetricsLogger, run_summary
 from tba.models import (
     apply_lora,
@@ -48,11 +46,13 @@ from tba.models import (
 )
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.sources import resolve_source
-from tba.offline_data import make_groups, read_rows, target_weight_warning
 from tba.plugins import load_object
+from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
+from tba.rollout.episodes import Limits
+from tba.rollout.evaluate import Evaluator
+from tba.rollout.samplers import SAMPLERS
 from tba.runtime import RUNTIMES, forkserver
 from tba.runtime.base import InlineParts, RuntimeParts
-from tba.samplers import SAMPLERS
 from tba.sft import cache_key
 from tba.sft import warm_start as sft_warm_start
 from tba.specs import ModelSources, SamplerSpec, SearcherSpec
@@ -165,7 +165,8 @@ def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_sta
 
 def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: dict[str, int], tokenizer, reference,
              log=print) -> dict | None:
-    """`data.source`'s completions into the buffer (tba.offline_data), once: a buffer restored with them keeps them.
+    """`data.source`'s completions into the buffer (tba.rollout.demonstrations), once: a buffer restored with them
+    keeps them.
     Returns what became of the rows, for the summary (None when nothing was read)."""
     d = cfg.data
     if not d.source or buffer.data:
@@ -303,7 +304,8 @@ class Run:
     identity: dict
     """objective, runtime, mode, seed: what the summary says the run was."""
     data: dict | None = None
-    """What became of data.source's rows (tba.offline_data.DataReport), when they were read in this segment."""
+    """What became of data.source's rows (tba.rollout.demonstrations.DataReport), when they were read in this
+    segment."""
 
 
 def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state: RunState,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tba.algorithm.objectives import OBJECTIVES
 from tba.config import load_config
-from tba.episodes import turns
 from tba.errors import ConfigError, UserError
+from tba.rollout.episodes import turns
 from tba.tasks import TASKS
 
 USAGE = """tba train [CONFIG.yaml] [key.sub=value ...] [--overwrite]   run TBA (no config: the embedded default)

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 
 from tba.config.schema import EvalConfig, SFTConfig, TaskConfig, TinyModelConfig
 from tba.errors import ConfigError
-from tba.evaluate import greedy_accuracy
 from tba.models import save_checkpoint
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.sources import cache_dir
+from tba.rollout.evaluate import greedy_accuracy
 
 
 def cache_root(sft: SFTConfig) -> Path:

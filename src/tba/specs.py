@@ -24,7 +24,7 @@ class ModelSources:
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    """How to build a searcher's sampler (tba.samplers): `target(spec, source=…, tokenizer=…, device=…, seed=…,
+    """How to build a searcher's sampler (tba.rollout.samplers): `target(spec, source=…, tokenizer=…, device=…, seed=…,
     policy=…)`."""
 
     target: str
@@ -36,7 +36,7 @@ class SamplerSpec:
     max_model_len: int | None
     """Longest prompt + response the engine must plan for (None: the model's own limit)."""
     quantize: str = "none"
-    """Sample from a quantized copy of each loaded policy (tba.quantize)."""
+    """Sample from a quantized copy of each loaded policy (tba.rollout.quantize)."""
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from tba.algorithm.trainer import Trainer, lr_factor
 from tba.algorithm.types import Draw
 from tba.config.schema import SearchConfig, TBConfig, TrainerConfig
 from tba.models.generation import response_logprobs
-from tba.samplers.hf import HFSampler
-from tba.searcher import Searcher
+from tba.rollout.samplers.hf import HFSampler
+from tba.rollout.searcher import Searcher
 
 K = 4
 

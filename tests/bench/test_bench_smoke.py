@@ -99,7 +99,7 @@ def test_per_turn_bench_smoke(tmp_path, run_bench):
 def test_fixed_point_sampler_patch_is_undone_after_each_run(bench_script):
     """Pool workers run many jobs: a behaviour-temperature patch must not leak into the next run."""
     fixed_point = bench_script("bench.claims.fixed_point")
-    from tba.samplers.hf import HFSampler
+    from tba.rollout.samplers.hf import HFSampler
 
     original = HFSampler.generate
     with fixed_point.sampler_patched(1.5, False):

@@ -1,7 +1,7 @@
 """A sampler that fails on purpose, for the searcher-fault tests (search.backend=<this file>:build): the hf
 sampler, raising on its fourth generate call in each process. Fault injection lives here, not in the product."""
 
-from tba.samplers.hf import build as build_hf
+from tba.rollout.samplers.hf import build as build_hf
 
 FAIL_AFTER = 3
 

@@ -3,7 +3,7 @@ and an answer without a call, or a wrong one, scores 0."""
 
 from chars import CharTokenizer
 
-from tba.episodes import Limits, replay_episodes
+from tba.rollout.episodes import Limits, replay_episodes
 from tba.tasks.tool_arith import ToolArithTask, last_number
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from chars import CharTokenizer
 
-from tba.episodes import Limits, run_episodes
+from tba.rollout.episodes import Limits, run_episodes
 from tba.tasks.base import Prompt
 from tba.tasks.tools import (
     ToolCallError,

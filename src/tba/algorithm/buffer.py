@@ -16,7 +16,8 @@ Sampling, per prompt slot, independently:
 weight publication; right after a sync that set is still empty, so the previous window's set is used
 (the paper's trainer likewise keeps drawing from the prompts gathered at the last sync).
 
-Two additions, each off unless configured. Completions from elsewhere (tba.offline_data: demonstrations, logged data)
+Two additions, each off unless configured. Completions from elsewhere (tba.rollout.demonstrations: demonstrations,
+logged data)
 are kept per prompt apart from the histories, never evicted, and drawn in data slots: each prompt slot is one
 with probability 2·data_share, and holds K/2 of its prompt's data items and K/2 of its searcher samples, so that
 VarGrad's log Ẑ is estimated over both (a group of one demonstration alone would have δ ≡ 0). And an age cap
@@ -87,11 +88,12 @@ class ReplayBuffer:
     def __init__(self, cfg: BufferConfig | None = None, *, seed: int = 0, synced: frozenset[str] | None = None,
                  data_sources: frozenset[str] = frozenset(), data_share: float = 0.0):
         """`synced`: the sources whose samples age (they load the trainer's weights; None = every source), which
-        the age cap applies to; `data_sources`: the sources that are completions from elsewhere (tba.offline_data),
+        the age cap applies to; `data_sources`: the sources that are completions from elsewhere
+        (tba.rollout.demonstrations),
         drawn at `data_share` of the samples."""
         self.cfg = cfg = cfg or BufferConfig()
         self.synced, self.data_sources, self.data_share = synced, data_sources, data_share
-        self.data: dict[int, list[StoredSample]] = {}  # prompt → its data items (tba.offline_data): never evicted
+        self.data: dict[int, list[StoredSample]] = {}  # prompt → its data items (demonstrations): never evicted
         self._data_tokens: dict[int, list[int]] = {}
         self.too_old = 0  # samples the age cap kept out of the last draw
         self.capacity = cfg.capacity_per_prompt

@@ -32,9 +32,9 @@ from tba.algorithm.runtime import Runtime
 from tba.algorithm.state import CheckpointState, Evaluation, RunState, RunTotals
 from tba.algorithm.trainer import Trainer
 from tba.checkpoint import Checkpointer, CheckpointError
-from tba.evaluate import Evaluator
 from tba.metrics import MetricsLogger
 from tba.progress import GracefulStop, RunProgress
+from tba.rollout.evaluate import Evaluator
 
 
 @dataclass(frozen=True)

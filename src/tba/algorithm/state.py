@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Evaluation:
-    """One held-out evaluation (tba.evaluate): after `step` updates, at `train_s` training seconds."""
+    """One held-out evaluation (tba.rollout.evaluate): after `step` updates, at `train_s` training seconds."""
 
     step: int
     metrics: dict[str, float]

@@ -153,7 +153,7 @@ class Trainer:
         logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
         width, device = logp_tok.shape[1], logp_tok.device
         if any(s.policy_mask for d in micro for s in d.samples):  # multi-turn: the environment's tokens are not
-            # the policy's actions — log π(τ) sums the policy's tokens only, in every objective (tba.episodes)
+            # the policy's actions — log π(τ) sums the policy's tokens only, in every objective (tba.rollout.episodes)
             mask = mask * _padded([s.policy_mask or [1] * len(s.response) for d in micro for s in d.samples],
                                   width, device)
         if self.reference is not None:

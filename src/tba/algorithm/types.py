@@ -23,11 +23,11 @@ class Sample:
     """Policy version (trainer updates applied) of the weights that generated it."""
     behaviour_logprobs: list[float] = field(default_factory=list)
     """Per-token log-probs under the generating policy (logits ÷ T); diagnostics and ratio-based baselines.
-    Empty for completions from elsewhere (tba.offline_data): their behaviour policy is unknown."""
+    Empty for completions from elsewhere (tba.rollout.demonstrations): their behaviour policy is unknown."""
     source: str = "policy"
     """Who produced it: a searcher group's name (search.groups; "policy" by default) or the data's (data.name)."""
     policy_mask: list[int] = field(default_factory=list)
-    """Multi-turn episodes (tba.episodes): 1 where `response` holds a policy token, 0 where the environment's
+    """Multi-turn episodes (tba.rollout.episodes): 1 where `response` holds a policy token, 0 where the environment's
     text is; their ref/behaviour log-probs are 0.0. Empty = every token is the policy's (single-turn)."""
 
     @property
@@ -55,4 +55,4 @@ class Draw:
     samples: list[Sample]
     online: bool
     data: bool = False
-    """A data slot: half of its samples come from tba.offline_data."""
+    """A data slot: half of its samples come from tba.rollout.demonstrations."""

@@ -168,7 +168,8 @@ class BufferConfig:
 @dataclass
 class DataConfig:
     """Completions from elsewhere trained on beside the searchers' samples — demonstrations or logged data
-    (tba.offline_data). TB uses them as they are; the ratio objectives cannot (they have no behaviour log-probs)."""
+    (tba.rollout.demonstrations). TB uses them as they are; the ratio objectives cannot (they have no behaviour
+    log-probs)."""
 
     source: str | None = None
     """task (the task's own demonstrations()) | a .jsonl/.json/.parquet file | a `datasets` Hub name. null = none."""
@@ -176,7 +177,7 @@ class DataConfig:
     """Its source name in metrics, `tba buffer stats` and `tba report`."""
     share: float = setting(0.1, fraction)
     """Expected share of each batch's samples drawn from it, at most 0.5: a data slot holds K/2 of its items and
-    K/2 searcher samples of the same prompt, so that log Ẑ is estimated over both (tba.offline_data)."""
+    K/2 searcher samples of the same prompt, so that log Ẑ is estimated over both (tba.rollout.demonstrations)."""
     prompt_column: str = "prompt"
     """The column (field) holding the prompt, as the task writes it (matched on its text)."""
     completion_column: str = "completion"

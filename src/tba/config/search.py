@@ -19,11 +19,11 @@ from tba.config.rules import (
     setting,
 )
 from tba.errors import ConfigError
+from tba.rollout.samplers import SAMPLERS
 from tba.runtime import START_METHODS, TRANSPORTS
-from tba.samplers import SAMPLERS
 
 QUANTIZE = ("none", "int8", "int8_weight", "fp8")
-"""search.quantize's schemes (tba.quantize)."""
+"""search.quantize's schemes (tba.rollout.quantize)."""
 
 
 @dataclass
@@ -42,7 +42,7 @@ class VLLMConfig:
     max_model_len: int | None = None
     """Longest prompt + response the engine plans for. None = task.max_prompt_tokens + search.max_new_tokens."""
     fast_cpu_env: bool = True
-    """CPU, local runtime: preload tcmalloc and Intel OpenMP in vLLM searchers (tba.samplers.vllm.fast_cpu_env;
+    """CPU, local runtime: preload tcmalloc and Intel OpenMP in vLLM searchers (tba.rollout.samplers.vllm.fast_cpu_env;
     several times the tokens/s). A preload you set wins; other runtimes: export it yourself (README)."""
 
 
@@ -63,7 +63,7 @@ class SearcherGroup:
     backend: str | None = setting(None, or_none(one_of(SAMPLERS, plugin="module:build (your own)")))
     """This group's sampling engine (hf, vllm, or module:build)."""
     quantize: str | None = setting(None, or_none(one_of(QUANTIZE)))
-    """Sample from a quantized copy of each published policy (tba.quantize: int8, int8_weight, fp8)."""
+    """Sample from a quantized copy of each published policy (tba.rollout.quantize: int8, int8_weight, fp8)."""
     policy: str | None = None
     """Another model to sample from, fixed for the whole run: any causal LM with the run's tokenizer (hub name,
     directory — an earlier run's `tba export`, a teacher —, .gguf, package:). null = the trained policy."""
@@ -86,7 +86,7 @@ class SearchConfig:
     """The searchers: what they sample (the behaviour policy and one search batch) and where they run."""
 
     backend: str = setting("hf", one_of(SAMPLERS, plugin="module:build (your own)"))
-    """The sampling engine (tba.samplers.SAMPLERS: hf, vllm) or your own `file.py:build`. Reference log-probs
+    """The sampling engine (tba.rollout.samplers.SAMPLERS: hf, vllm) or your own `file.py:build`. Reference log-probs
     are the HF reference model's with every backend."""
     temperature: float = setting(0.7, positive)
     """T: sampling temperature; log-probs everywhere are of logits ÷ T, as in the paper."""
@@ -101,7 +101,7 @@ class SearchConfig:
     """Longest response in tokens; a response that reaches it without EOS is kept, cut there. In a multi-turn
     task (one with an environment): the longest policy turn."""
     max_turns: int = setting(4, positive)
-    """Multi-turn tasks: policy turns per episode at most (tba.episodes)."""
+    """Multi-turn tasks: policy turns per episode at most (tba.rollout.episodes)."""
     max_episode_tokens: int | None = setting(None, positive_or_none)
     """Multi-turn tasks: tokens after the prompt per episode, the policy's and the environment's. None =
     max_turns × max_new_tokens × 2."""
@@ -119,7 +119,7 @@ class SearchConfig:
     """How published weights reach searchers (tba.runtime.TRANSPORTS). auto = local: shared (CPU shared memory
     or CUDA IPC); ray: object_store on CPU, broadcast (NCCL) when the trainer is on a GPU."""
     quantize: str = setting("none", one_of(QUANTIZE))
-    """Sample from a quantized copy of each published policy: none | int8 | int8_weight | fp8 (tba.quantize).
+    """Sample from a quantized copy of each published policy: none | int8 | int8_weight | fp8 (tba.rollout.quantize).
     The trainer trains, and π_ref scores, in full precision; the behaviour log-probs are the quantized model's."""
     vllm: VLLMConfig = setting(factory=VLLMConfig)
     """Engine settings when backend is vllm (the `search.vllm.*` section)."""

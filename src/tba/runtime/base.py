@@ -17,8 +17,8 @@ from tba.config.schema import RayConfig, SupervisionConfig
 from tba.errors import UserError
 from tba.models import load_model, load_tokenizer, resolve_device
 from tba.plugins import load_object
-from tba.samplers.base import Sampler
-from tba.searcher import Searcher
+from tba.rollout.samplers.base import Sampler
+from tba.rollout.searcher import Searcher
 from tba.specs import SamplerSpec, SearcherSpec
 from tba.tasks.base import Task
 from tba.tasks.prepare import build_task, fit_prompts
@@ -87,7 +87,7 @@ def build_searcher(spec: SearcherSpec, state: dict | None = None) -> Searcher:
 
 
 def build_sampler(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, policy=None) -> Sampler:
-    """The sampler `spec` names (tba.samplers). `policy`: the hf backend samples with this model (the inline
+    """The sampler `spec` names (tba.rollout.samplers). `policy`: the hf backend samples with this model (the inline
     runtime passes a copy of the trainer's) instead of loading `source`."""
     return load_object(spec.target, "search.backend")(spec, source=source, tokenizer=tokenizer, device=device,
                                                       seed=seed, policy=policy)
@@ -165,7 +165,7 @@ def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None
 
 
 def episode_ends(states: list[dict]) -> dict[str, float]:
-    """Multi-turn tasks: episodes ever ended, by reason (tba.episodes.END_REASONS), summed over the searchers —
+    """Multi-turn tasks: episodes ever ended, by reason (tba.rollout.episodes.END_REASONS), summed over the searchers —
     `episode/ended_<reason>`; nothing for a single-turn run."""
     totals: dict[str, int] = {}
     for state in states:

@@ -25,7 +25,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 
-PRELOAD = ("tba.runtime.local", "tba.samplers.hf")
+PRELOAD = ("tba.runtime.local", "tba.rollout.samplers.hf")
 """What the server imports before its first fork: everything a searcher needs that is tba's own (a plugin of
 the user's is imported in each child, so an edited file is read afresh)."""
 

@@ -45,11 +45,11 @@ import torch.multiprocessing as mp
 
 from tba.algorithm.types import Group
 from tba.models import resolve_device
+from tba.rollout.samplers.vllm import fast_cpu_env
 from tba.runtime import forkserver
 from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, build_searcher
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
-from tba.samplers.vllm import fast_cpu_env
 from tba.specs import SearcherSpec
 
 

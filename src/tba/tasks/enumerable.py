@@ -31,7 +31,7 @@ Why so small by default: from a never-synced behaviour π_ref, TB learns a respo
 at 0.45–0.53 (the modes' centres underweighted 10×), while at 3 × 3 (β 0.3, ratio ≈ 40) it fell below 0.01
 by update 600 on 3 seeds — the floor then is that of SGD at lr 1e-3, not coverage (tests/tasks/test_enumerable.py).
 
-**Exact evaluation** (`exact_metrics`, called by tba.evaluate with the run's `Scoring`):
+**Exact evaluation** (`exact_metrics`, called by tba.rollout.evaluate with the run's `Scoring`):
 
     log π*(y)       = log π_ref(y) + r(y)/β − log Z,   log Z = logsumexp_{y∈Y} (log π_ref(y) + r(y)/β)
     kl_to_target    = Σ_y π*(y) (log π*(y) − log π_θ(y))      KL(π* ‖ π_θ), nats

@@ -54,7 +54,7 @@ def apply_chat_template(task, tokenizer, every_prompt: bool = True) -> None:
     """Rewrite prompts as `tokenizer`'s chat rendering, ready for the assistant reply: prompts given as chat
     messages (`meta["messages"]`, e.g. the dataset task's conversational rows) always, and with `every_prompt`
     (task.chat_template) every other prompt too, as one user turn. A task with a `tokenizer` attribute gets this
-    tokenizer (a multi-turn task renders its environment's turns with it: tba.episodes.chat_turn)."""
+    tokenizer (a multi-turn task renders its environment's turns with it: tba.rollout.episodes.chat_turn)."""
     if hasattr(task, "tokenizer"):
         task.tokenizer = tokenizer
     chat = any("messages" in p.meta for p in task.train + task.test)

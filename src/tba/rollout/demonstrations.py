@@ -31,8 +31,8 @@ import torch
 
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import DataConfig
-from tba.episodes import Limits, policy_logprobs, replay_episodes
 from tba.models.generation import response_logprobs
+from tba.rollout.episodes import Limits, policy_logprobs, replay_episodes
 from tba.tasks.base import Prompt, Task, batch_rewards
 from tba.tasks.data import DataLoadError
 
@@ -159,7 +159,7 @@ def make_groups(rows: list[Row], cfg: DataConfig, *, task: Task, prompt_ids: dic
 
     `prompt_ids`: the task's train prompts by their text as the task wrote it (before any chat template), so a
     row names its prompt as the task does; the prompt's text in `task.train` now is what the searchers tokenize.
-    A multi-turn task's (one with `environment`, tba.episodes) completion is its policy turns — a list of texts,
+    A multi-turn task's (one with `environment`, tba.rollout.episodes) completion is its policy turns — a list of texts,
     or one text for one turn — played through a fresh environment under `limits` (the searchers' episode limits):
     the environment's answers fill the turns between, as in a sampled episode, and a row the environment does
     not follow (it asks for more turns, or ends before the last) is a bad row."""

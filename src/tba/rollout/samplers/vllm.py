@@ -217,6 +217,6 @@ class VLLMSampler:
 
 
 def build(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, policy=None) -> VLLMSampler:
-    """`search.backend=vllm` (tba.samplers.SAMPLERS): an engine over `source` (a save_pretrained directory or
+    """`search.backend=vllm` (tba.rollout.samplers.SAMPLERS): an engine over `source` (a save_pretrained directory or
     hub name; it loads its own copy, so `policy` is not used)."""
     return VLLMSampler(source, tokenizer, spec=spec, device=device, seed=seed)

@@ -1,6 +1,6 @@
 """Searcher: turns prompts into scored, reference-annotated samples with a (possibly stale) policy copy.
 
-It knows nothing of processes, queues or engines: it samples through a `Sampler` (tba.samplers: HF
+It knows nothing of processes, queues or engines: it samples through a `Sampler` (tba.rollout.samplers: HF
 decode loop or vLLM), and a runtime calls `step()` in a loop and `load_weights()` — the only way new weights
 reach a searcher, on every runtime — when a newer policy version is published. It owns a shard of the
 train prompts (round-robin, as the paper's searchers do) and walks a seeded permutation of it, cycling
@@ -15,7 +15,7 @@ log-probs of that distribution; the reference log-probs it attaches are at the r
 (search.temperature), the one the trainer's log π_θ uses, so TB's target does not depend on who sampled.
 Every sample carries the searcher's `source` (its group's name).
 
-A task with an `environment` is multi-turn: each sample is then a whole episode (tba.episodes), generated turn
+A task with an `environment` is multi-turn: each sample is then a whole episode (tba.rollout.episodes), generated turn
 by turn with the same sampler, its reward the environment's; π_ref scores the whole sequence and the
 environment's tokens are masked out. An episode that failed is dropped and counted by its end reason.
 """
@@ -29,9 +29,9 @@ import torch
 
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import SearchConfig
-from tba.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
 from tba.models.generation import ended_with_eos, response_logprobs
-from tba.samplers.base import Sampler
+from tba.rollout.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
+from tba.rollout.samplers.base import Sampler
 from tba.tasks.base import Prompt, Task, batch_rewards
 
 

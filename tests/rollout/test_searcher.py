@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tba.config.schema import SearchConfig
-from tba.samplers.hf import HFSampler
-from tba.searcher import Searcher
+from tba.rollout.samplers.hf import HFSampler
+from tba.rollout.searcher import Searcher
 from tba.tasks.arith import ArithTask
 
 CFG = SearchConfig(temperature=0.7, samples_per_prompt=4, prompts_per_batch=3, max_new_tokens=8)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tba.config.schema import EvalConfig
-from tba.evaluate import complete, evaluate, reference_metrics
+from tba.rollout.evaluate import complete, evaluate, reference_metrics
 
 
 def perturbed(model, scale=0.05, seed=1):

@@ -12,8 +12,8 @@ from tba.config.schema import LoraConfig
 from tba.errors import ConfigError
 from tba.models import apply_lora, load_synced, synced_tensors
 from tba.models.generation import response_logprobs
-from tba.quantize import QuantizedModel, check, quantized_copy
-from tba.samplers.hf import HFSampler
+from tba.rollout.quantize import QuantizedModel, check, quantized_copy
+from tba.rollout.samplers.hf import HFSampler
 
 T = 0.7
 
@@ -76,7 +76,8 @@ def test_a_load_is_quantized_again_in_place_and_equals_a_fresh_quantization(tiny
 
 
 def test_cpu_int8_keeps_the_mlp_down_projections_in_full_precision(tiny_model):
-    """Their inputs hold the MLP's outlier activations, which one int8 scale per tensor cannot carry (tba.quantize):
+    """Their inputs hold the MLP's outlier activations, which one int8 scale per tensor cannot carry
+    (tba.rollout.quantize):
     every other linear layer, the head included, is int8 with one scale per output channel."""
     q = quantized_copy(tiny_model, "int8")
     dynamic = torch.ao.nn.quantized.dynamic.Linear

@@ -1,4 +1,4 @@
-"""The sampler seam: the engine a searcher generates with, behind two calls (see tba.samplers)."""
+"""The sampler seam: the engine a searcher generates with, behind two calls (see tba.rollout.samplers)."""
 
 from __future__ import annotations
 
