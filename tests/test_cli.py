@@ -77,7 +77,7 @@ def test_user_errors_are_told_from_bugs_by_type():
     from tba.models import ModelLoadError
     from tba.report import ReportError
     from tba.rundir import RunDirError
-    from tba.runtime.base import SearcherError
+    from tba.runtime.worker import SearcherError
     from tba.tasks.data import DataLoadError
 
     assert user_error(ConfigError("trainer.steps: must be > 0")) == (2, "tba: config error: trainer.steps: must be > 0")

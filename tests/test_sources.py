@@ -13,7 +13,7 @@ from tba.algorithm.types import Group, Sample
 from tba.build import build_models, build_task, searcher_specs, train
 from tba.config import load_config
 from tba.models import save_checkpoint
-from tba.specs import ModelSources
+from tba.runtime.specs import ModelSources
 
 TINY = TINY_RECIPE
 GROUPS = "search.groups=[{name: policy}, {name: hot, temperature: 1.5, sync: false}, {name: other, policy: OTHER}]"

@@ -17,7 +17,7 @@ from tba.models import load_model, load_tokenizer  # noqa: E402  (imports transf
 t2 = time.perf_counter()
 from tba.build import build_task, sampler_spec, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
-from tba.runtime.base import build_sampler  # noqa: E402
+from tba.runtime.worker import build_sampler  # noqa: E402
 from tba.tasks.prepare import fit_prompts, prompt_limit  # noqa: E402
 
 t3 = time.perf_counter()

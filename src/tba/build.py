@@ -3,7 +3,7 @@
 
 Every component it makes takes only its own section(s) of the config and finished parts — the trainer its
 `trainer`/`tb`/`baselines` sections and the resolved objective, the buffer its `buffer` section, the searchers
-a `tba.specs.SearcherSpec` each, the loop its `LoopSettings` — so a component's signature lists everything it
+a `tba.runtime.specs.SearcherSpec` each, the loop its `LoopSettings` — so a component's signature lists everything it
 needs. No training logic here (that is tba.algorithm.loop). `train` composes a run, fresh or resumed, around the loop.
 """
 
@@ -52,10 +52,10 @@ from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator
 from tba.rollout.samplers import SAMPLERS
 from tba.runtime import RUNTIMES, forkserver
-from tba.runtime.base import InlineParts, RuntimeParts
+from tba.runtime.specs import ModelSources, SamplerSpec, SearcherSpec
+from tba.runtime.worker import InlineParts, RuntimeParts
 from tba.sft import cache_key
 from tba.sft import warm_start as sft_warm_start
-from tba.specs import ModelSources, SamplerSpec, SearcherSpec
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring, Task
 from tba.tasks.data import DataLoadError

@@ -10,8 +10,8 @@ from paths import TINY
 from tba.build import build_runtime, searcher_specs
 from tba.config import load_config
 from tba.models import save_checkpoint
-from tba.runtime.base import build_searcher
-from tba.specs import ModelSources
+from tba.runtime.specs import ModelSources
+from tba.runtime.worker import build_searcher
 
 OVERRIDES = ["task.options.digits=2", "task.train_size=200", "task.test_size=20", "search.prompts_per_batch=3",
              "search.samples_per_prompt=4", "search.max_new_tokens=6", "seed=7"]

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from tba.config.schema import SupervisionConfig
-from tba.runtime.base import SearcherError
 from tba.runtime.supervision import Supervisor
+from tba.runtime.worker import SearcherError
 
 
 def test_the_budget_logs_each_restart_and_stops_the_run_with_the_cause():

@@ -2,7 +2,7 @@
 
 This file is the registry (light: config validation reads it without importing torch): `RUNTIMES` maps
 `runtime` to the `tba.plugins` target of its factory, `TRANSPORTS` lists `search.weight_transport`'s choices.
-tba.runtime.base defines the seam (`Runtime`) and what a runtime is built from (`RuntimeParts`);
+tba.runtime.worker defines the seam (`Runtime`) and what a runtime is built from (`RuntimeParts`);
 tba.runtime.supervision is what the worker runtimes share. Adding a runtime: one module with a class that
 meets `Runtime` and a `build(parts: RuntimeParts)` function, plus one line here (docs/architecture.md).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class RuntimeEntry:
     name: str
     target: str
-    """`module:function`, loaded when a run builds this runtime: function(tba.runtime.base.RuntimeParts) → Runtime
+    """`module:function`, loaded when a run builds this runtime: function(tba.runtime.worker.RuntimeParts) → Runtime
     (a name, not an import: validating a config imports no runtime)."""
     summary: str
 

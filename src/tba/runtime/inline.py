@@ -15,7 +15,7 @@ import time
 from tba.algorithm.runtime import RuntimeReport
 from tba.algorithm.types import Group
 from tba.rollout.searcher import Searcher
-from tba.runtime.base import RuntimeParts, build_sampler, episode_ends, mean_reward_metrics, restore_searcher
+from tba.runtime.worker import RuntimeParts, build_sampler, episode_ends, mean_reward_metrics, restore_searcher
 
 
 class InlineRuntime:

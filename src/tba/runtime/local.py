@@ -7,7 +7,7 @@ Topology (built in `launch`):
           └──────── groups queue ◀── searcher 0..N-1 (own prompt shard, own sampler, reference)
 
 Transports: `shared` (auto) — flat buffers on the trainer's device, CPU shared memory or CUDA IPC, plus a
-version counter; `broadcast` — a gloo/NCCL group fed by the trainer (tba.runtime.broadcast). No barrier
+version counter; `broadcast` — a gloo/NCCL group fed by the trainer (tba.runtime.transport.broadcast). No barrier
 anywhere: `publish` copies the weights out of the trainer and returns; a searcher loads the newest version
 (`Searcher.load_weights`) when it finishes its current batch. In sync mode the searchers generate only when
 the loop asks (one batch each per request), which turns the same components into the alternating baseline.
@@ -47,10 +47,10 @@ from tba.algorithm.types import Group
 from tba.models import resolve_device
 from tba.rollout.samplers.vllm import fast_cpu_env
 from tba.runtime import forkserver
-from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, build_searcher
+from tba.runtime.specs import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
-from tba.specs import SearcherSpec
+from tba.runtime.worker import RuntimeParts, SearcherError, WorkerStats, build_searcher
 
 
 @dataclass

@@ -13,7 +13,7 @@ publish, and Ray fetches them once per node. In sync mode the loop submits one c
 Weights (search.weight_transport): `object_store` (auto for CPU weights) — `ray.put` of CPU copies, as
 drawn above; `broadcast` (auto when the trainer is on a GPU) — a torch.distributed group (NCCL, or gloo on
 CPU) whose store listens on the driver's node IP; each actor runs a receiver thread and loads the newest
-weights at the start of a step() (tba.runtime.broadcast). Control stays Ray calls either way; after Ray
+weights at the start of a step() (tba.runtime.transport.broadcast). Control stays Ray calls either way; after Ray
 restarts an actor, `restore` hands it the new group to join.
 
 Faults: an actor that raises or dies is restarted by Ray (max_restarts = supervision.max_restarts) and restored
@@ -35,10 +35,10 @@ import time
 import torch
 
 from tba.algorithm.types import Group
-from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, build_searcher, restore_searcher
+from tba.runtime.specs import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
-from tba.specs import SearcherSpec
+from tba.runtime.worker import RuntimeParts, SearcherError, WorkerStats, build_searcher, restore_searcher
 
 try:
     import ray

@@ -17,7 +17,7 @@ import time
 from tba.algorithm.runtime import RuntimeReport
 from tba.algorithm.timeout import LearntTimeout
 from tba.config.schema import SupervisionConfig
-from tba.runtime.base import RuntimeParts, SearcherError, WorkerStats, worker_report
+from tba.runtime.worker import RuntimeParts, SearcherError, WorkerStats, worker_report
 
 
 class Supervisor:

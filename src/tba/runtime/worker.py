@@ -1,5 +1,5 @@
 """What every runtime shares: what it is built from (`RuntimeParts`), how a worker builds its searcher from a
-`tba.specs.SearcherSpec`, and what a worker reports with each batch. The seam itself — the `Runtime` protocol
+`tba.runtime.specs.SearcherSpec`, and what a worker reports with each batch. The seam itself — the `Runtime` protocol
 the loop is written against, and the `RuntimeReport` it reads back — is tba.algorithm.runtime.
 """
 
@@ -19,7 +19,7 @@ from tba.models import load_model, load_tokenizer, resolve_device
 from tba.plugins import load_object
 from tba.rollout.samplers.base import Sampler
 from tba.rollout.searcher import Searcher
-from tba.specs import SamplerSpec, SearcherSpec
+from tba.runtime.specs import SamplerSpec, SearcherSpec
 from tba.tasks.base import Task
 from tba.tasks.prepare import build_task, fit_prompts
 

@@ -42,8 +42,8 @@ from datetime import timedelta
 import torch
 from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
 
-from tba.runtime.base import SearcherError
-from tba.runtime.layout import WeightLayout
+from tba.runtime.transport.layout import WeightLayout
+from tba.runtime.worker import SearcherError
 
 POLL_S = 0.02
 """How often an idle receiver checks the store for an announcement or a new epoch."""

@@ -4,8 +4,8 @@ gets the newest again, and a receiver loads only what is newer than its searcher
 
 import torch
 
-from tba.runtime.object_store import ObjectStoreReceiver, ObjectStoreSender
 from tba.runtime.transport import make_sender
+from tba.runtime.transport.object_store import ObjectStoreReceiver, ObjectStoreSender
 
 
 class _Searcher:

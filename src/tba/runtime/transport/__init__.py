@@ -12,8 +12,8 @@ actor) opens as a `WeightReceiver`, and `rejoin(rank)` is called before a failed
 side, a `WeightReceiver`: `load_initial` before the searcher reports ready, `poll` at every batch boundary
 (returns the seconds spent loading: `sync/searcher_load_s`).
 
-Transports: `shared` (here; the local runtime's default), `broadcast` (tba.runtime.broadcast: a
-torch.distributed group), and `object_store` (tba.runtime.object_store: Ray's object store, the weights riding
+Transports: `shared` (here; the local runtime's default), `broadcast` (tba.runtime.transport.broadcast: a
+torch.distributed group), and `object_store` (tba.runtime.transport.object_store: Ray's object store, the weights riding
 on the driver's calls, which is what the sender's `attach` is for).
 """
 
@@ -26,10 +26,10 @@ from typing import Protocol
 import torch
 
 from tba.runtime import TRANSPORTS
-from tba.runtime.base import SearcherError
-from tba.runtime.broadcast import BroadcastSender
-from tba.runtime.layout import WeightLayout
-from tba.runtime.object_store import ObjectStoreSender
+from tba.runtime.transport.broadcast import BroadcastSender
+from tba.runtime.transport.layout import WeightLayout
+from tba.runtime.transport.object_store import ObjectStoreSender
+from tba.runtime.worker import SearcherError
 
 LOCK_TIMEOUT_S = 60.0
 """Longest wait for the shared buffers' lock, held by either side only for one memory copy: past it, the

@@ -1,6 +1,6 @@
 """How a model's weights are laid out for transport: one flat buffer per dtype and a named view per tensor.
 
-Both ends of every weight transport (tba.runtime.transport, tba.runtime.broadcast) agree on a `WeightLayout`,
+Both ends of every weight transport (tba.runtime.transport, tba.runtime.transport.broadcast) agree on a `WeightLayout`,
 computed once from the trainer's synced tensors, so a bf16 model travels as bf16 in as few pieces as it has
 dtypes, tied weights once, and the receiving end rebuilds named views without having a model.
 """

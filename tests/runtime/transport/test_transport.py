@@ -14,12 +14,12 @@ import torch
 import torch.multiprocessing as mp
 
 from tba.cli import main
-from tba.runtime.base import SearcherError
-from tba.runtime.broadcast import BroadcastSender
 from tba.runtime.transport import WeightLayout, choose_transport, make_sender
+from tba.runtime.transport.broadcast import BroadcastSender
+from tba.runtime.worker import SearcherError
 
-from .test_restarts import _kill_searcher_after
-from .test_runtimes import TINY, child_processes, needs_ray, ray_processes, run
+from ..test_restarts import _kill_searcher_after
+from ..test_runtimes import TINY, child_processes, needs_ray, ray_processes, run
 
 
 def weights_v(version: int, device="cpu") -> dict[str, torch.Tensor]:

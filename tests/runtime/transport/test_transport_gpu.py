@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tba.runtime.broadcast import BroadcastSender
 from tba.runtime.transport import WeightLayout, make_sender
+from tba.runtime.transport.broadcast import BroadcastSender
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
