@@ -4,7 +4,7 @@ the data errors below are raised while the task is built, before any model is lo
 
 import pytest
 
-import tba.build
+import tba.run.train
 from tba.cli import main, user_error
 from tba.tasks.data import DataLoadError, DataUnreachableError
 
@@ -64,19 +64,19 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     def buggy(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(tba.build, "train", buggy)
+    monkeypatch.setattr(tba.run.train, "train", buggy)
     with pytest.raises(ZeroDivisionError):
         main(["train", f"output_dir={tmp_path / 'run'}"])
 
 
 def test_user_errors_are_told_from_bugs_by_type():
     from tba.algorithm.store import StoreError
-    from tba.checkpoint import CheckpointError
     from tba.errors import ConfigError
-    from tba.export import ExportError
     from tba.models import ModelLoadError
-    from tba.report import ReportError
-    from tba.rundir import RunDirError
+    from tba.run.checkpoint import CheckpointError
+    from tba.run.export import ExportError
+    from tba.run.report import ReportError
+    from tba.run.rundir import RunDirError
     from tba.runtime.worker import SearcherError
     from tba.tasks.data import DataLoadError
 
@@ -100,6 +100,6 @@ def test_an_interrupted_run_says_how_to_continue_it(tmp_path, monkeypatch, capsy
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tba.build, "train", interrupted)
+    monkeypatch.setattr(tba.run.train, "train", interrupted)
     assert main(["train", f"output_dir={tmp_path / 'run'}"]) == 130
     assert f"Continue with `tba train --resume {tmp_path / 'run'}`" in one_error_line(capsys.readouterr().err)

@@ -10,9 +10,10 @@ from paths import TINY as TINY_RECIPE
 
 from tba.algorithm.store import BufferStore
 from tba.algorithm.types import Group, Sample
-from tba.build import build_models, build_task, searcher_specs, train
 from tba.config import load_config
 from tba.models import save_checkpoint
+from tba.run.build import build_models, build_task, searcher_specs
+from tba.run.train import train
 from tba.runtime.specs import ModelSources
 
 TINY = TINY_RECIPE
@@ -71,7 +72,7 @@ def test_a_mixed_source_run_records_every_sample_source_through_a_checkpoint_and
 
 def test_a_fixed_group_never_loads_the_trainers_weights(tmp_path, other_policy):
     from tba.algorithm.state import RunState
-    from tba.build import build_run
+    from tba.run.build import build_run
 
     cfg = load_config(TINY, [f"output_dir={tmp_path}", "sft.enabled=false", "runtime=inline", "mode=sync",
                              GROUPS.replace("OTHER", other_policy)])

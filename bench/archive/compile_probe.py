@@ -4,7 +4,7 @@ The trainer step of `arith_hard_cpu` at one torch thread (what a trainer gets be
 response_logprobs + backward on 64 sequences (prompt 10 tokens, responses 5-12 tokens, a fixed seed), eager vs
 torch.compile(model, dynamic=True). Prints the median step of each and the compile warm-up.
 
-    python -m bench.archive.compile_probe [SFT_DIR]     # default: arith_hard_cpu's seed-0 warm start (tba.sft, cached)
+    python -m bench.archive.compile_probe [SFT_DIR]     # default: arith_hard_cpu's seed-0 warm start (cached)
 """
 
 import random
@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from tba.build import build_task, warm_start
 from tba.config import load_config
 from tba.models import load_model
 from tba.models.generation import response_logprobs
+from tba.run.build import build_task, warm_start
 
 torch.set_num_threads(1)
 if len(sys.argv) > 1:

@@ -15,8 +15,8 @@ t1 = time.perf_counter()
 from tba.models import load_model, load_tokenizer  # noqa: E402  (imports transformers
 
 t2 = time.perf_counter()
-from tba.build import build_task, sampler_spec, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
+from tba.run.build import build_task, sampler_spec, warm_start  # noqa: E402
 from tba.runtime.worker import build_sampler  # noqa: E402
 from tba.tasks.prepare import fit_prompts, prompt_limit  # noqa: E402
 

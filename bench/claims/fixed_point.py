@@ -81,8 +81,8 @@ def sampler_patched(sample_temperature: float | None, report_scoring_logprobs: b
 def run_one(job: dict) -> dict:
     import torch
 
-    from tba.build import train
     from tba.config import load_config
+    from tba.run.train import train
 
     torch.set_num_threads(1)
     condition = CONDITIONS[job["condition"]]

@@ -23,10 +23,11 @@ import torch
 from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
 from bench.lib.smoke import SMOKE_OVERRIDES
-from tba.build import build_models, build_task, train
 from tba.config import load_config
 from tba.rollout.evaluate import greedy_accuracy
-from tba.sft import cache_key, cache_root, train_sft
+from tba.run.build import build_models, build_task
+from tba.run.sft import cache_key, cache_root, train_sft
+from tba.run.train import train
 
 
 def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:

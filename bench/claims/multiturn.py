@@ -85,8 +85,8 @@ def tabular_fixed_point(init_dir: str, options: dict, beta: float, max_new_token
 def run_one(job: dict) -> dict:
     import torch
 
-    from tba.build import train
     from tba.config import load_config
+    from tba.run.train import train
 
     torch.set_num_threads(1)
     cfg = load_config(job["config"], [f"seed={job['seed']}", f"output_dir={job['out']}", *CONDITIONS[job["condition"]],

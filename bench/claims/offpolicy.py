@@ -35,8 +35,8 @@ OBJECTIVES = list(REGISTRY)  # every registered objective (tba.algorithm.objecti
 def run_one(job: dict) -> dict:
     import torch
 
-    from tba.build import train
     from tba.config import load_config
+    from tba.run.train import train
 
     torch.set_num_threads(1)
     cfg = load_config(job["config"], [f"seed={job['seed']}", f"objective={job['objective']}",
@@ -54,12 +54,12 @@ def run_one(job: dict) -> dict:
 def build_warm_starts(args) -> None:
     """Train each seed's SFT warm start here, one seed at a time, before the pool starts.
 
-    `tba.build.warm_start` gives SFT every core (in a normal run nothing else runs yet). With a cold cache,
+    `tba.run.build.warm_start` gives SFT every core (in a normal run nothing else runs yet). With a cold cache,
     `--workers` processes would each train the same warm start at once, every one on every core:
     duplicated work, and on the 2-core machine about 14x slower per step than one at a time (measured
     2026-11-25: 2 s vs 0.14 s per SFT step)."""
-    from tba.build import build_task, warm_start
     from tba.config import load_config
+    from tba.run.build import build_task, warm_start
 
     for seed in args.seeds:
         cfg = load_config(args.config, [f"seed={seed}", *args.overrides])

@@ -74,9 +74,9 @@ QUIET = ["logging.progress=false", "logging.tensorboard=false"]
 # ---- enumerable ----------------------------------------------------------------------------------------------
 def enumerable_inputs(out: Path, seed: int, config: str) -> dict[str, str]:
     """The foreign policy (another init of the run's model, the run's tokenizer) and the demonstration file."""
-    from tba.build import build_models, build_task
     from tba.config import load_config
     from tba.models import save_checkpoint
+    from tba.run.build import build_models, build_task
 
     cfg = load_config(config, [f"seed={1000 + seed}"])
     task = build_task(cfg)
@@ -95,8 +95,8 @@ def enumerable_inputs(out: Path, seed: int, config: str) -> dict[str, str]:
 def run_enumerable(job: dict) -> dict:
     import torch
 
-    from tba.build import train
     from tba.config import ConfigError, load_config
+    from tba.run.train import train
 
     torch.set_num_threads(1)
     overrides = [o.replace("FOREIGN", job["foreign"]).replace("DEMOS", job["demos"])
@@ -200,9 +200,10 @@ def first_at(evals: list, target: float) -> tuple[int | None, float | None]:
 
 
 def run_hard(job: dict) -> dict:
-    from tba.build import build_task as task_of
-    from tba.build import train, warm_start
     from tba.config import load_config
+    from tba.run.build import build_task as task_of
+    from tba.run.build import warm_start
+    from tba.run.train import train
 
     cfg = load_config(job["config"], [f"seed={job['seed']}", f"objective={job['objective']}",
                                       f"output_dir={job['out']}", *QUIET, *job["overrides"]])
@@ -303,8 +304,8 @@ def gold_demonstrations(out: Path, config: str) -> str:
     """Every train prompt with its correct solution in the task's own format (the teacher, never slipping)."""
     import random
 
-    from tba.build import build_task
     from tba.config import load_config
+    from tba.run.build import build_task
     from tba.tasks.arith import teacher_solution
 
     path = out / "gold_demonstrations.jsonl"

@@ -29,8 +29,8 @@ HALVING = {1: 1 / 8, 2: 3 / 8, 3: 7 / 8}
 def run_one(job: dict) -> dict:
     import torch
 
-    from tba.build import train
     from tba.config import load_config
+    from tba.run.train import train
 
     torch.set_num_threads(1)
     cfg = load_config(job["config"], [f"seed={job['seed']}", f"output_dir={job['out']}", "runtime=inline",

@@ -32,10 +32,10 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from tba.build import train
     from tba.config import load_config
     from tba.models import load_model, load_tokenizer
     from tba.rollout.evaluate import complete
+    from tba.run.train import train
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", type=Path, default=RESULTS / "redteam", help="directory for redteam.md / redteam.json")
@@ -56,7 +56,7 @@ def main() -> None:
     wall = summary["wall_clock_s"]
 
     # examples: attacks sampled from the final policy, scored with a fresh victim + classifier
-    from tba.build import build_task
+    from tba.run.build import build_task
 
     tokenizer = load_tokenizer(str(out / "checkpoint"))
     policy = load_model(str(out / "checkpoint"))

@@ -35,7 +35,7 @@ def held_out(cfg, extra: int):
     index, and any question that still occurs in train, or twice, is dropped."""
     import dataclasses
 
-    from tba.build import build_task
+    from tba.run.build import build_task
 
     task = build_task(cfg)  # exactly the run's train / test split
     seen = {p.meta["entry"]["question"] for p in task.train + task.test}

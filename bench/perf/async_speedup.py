@@ -28,8 +28,8 @@ from pathlib import Path
 from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
 from bench.lib.smoke import SMOKE_OVERRIDES
-from tba.build import train
 from tba.config import load_config
+from tba.run.train import train
 
 VARIANTS = {
     "async-local": ["runtime=local", "mode=async"],

@@ -24,8 +24,8 @@ import torch
 
 from bench.lib.header import header
 from bench.lib.paths import REPO, RESULTS
-from tba.build import train
 from tba.config import load_config
+from tba.run.train import train
 
 RECIPE = REPO / "src" / "tba" / "recipes" / "smollm2_arith_cpu.yaml"
 

@@ -40,10 +40,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from bench.lib.header import header
 from bench.lib.paths import RESULTS
-from tba.build import train
 from tba.config import load_config
 from tba.models import save_checkpoint
 from tba.models.builtin import train_tokenizer
+from tba.run.train import train
 from tba.tasks.base import Prompt
 
 TINYLLAMA = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,

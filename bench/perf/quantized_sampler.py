@@ -91,8 +91,8 @@ def torchao_dynamic(model):
 def load(name: str, smoke_dir: Path | None) -> dict:
     """The model (float32, from its recipe), its tokenizer, its task's prompts and the recipe's sampling settings;
     `smoke_dir`: the default recipe shrunk to seconds, its SFT cache there."""
-    from tba.build import build_models, build_task, warm_start
     from tba.config import load_config
+    from tba.run.build import build_models, build_task, warm_start
 
     recipe = None if smoke_dir else RECIPES[name]
     cfg = load_config(recipe, [*SMOKE_OVERRIDES, f"sft.cache_dir={smoke_dir}"] if smoke_dir else [])

@@ -6,7 +6,7 @@ into phases, on the same workload and in one invocation, so that a speed gap can
     python -m bench.perf.step_cost [--repeats 3] [--steps 30] [--results FILE.md] [key=value ...]
     python -m bench.perf.step_cost --smoke   # seconds: shrunken task and work, 3 updates, 1 repeat
 
-Equal work: the recipe's SFT warm start (`tba.build.warm_start`, cached), task prompts and reward; B =
+Equal work: the recipe's SFT warm start (`tba.run.build.warm_start`, cached), task prompts and reward; B =
 trainer.prompts_per_step prompts × K = trainer.samples_per_prompt samples per update; search.max_new_tokens new
 tokens. One tba search batch is one update's samples (search.prompts_per_batch = B, search.samples_per_prompt = K,
 buffer.prefill_samples = B·K, trainer.micro_batch_prompts = B). Both score every sample under the frozen reference
@@ -78,12 +78,13 @@ from tba import build, searcher  # noqa: E402
 from tba.algorithm import loop  # noqa: E402
 from tba.algorithm import trainer as trainer_mod  # noqa: E402
 from tba.algorithm.buffer import ReplayBuffer  # noqa: E402
-from tba.build import build_task, train, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
-from tba.metrics import MetricsLogger  # noqa: E402
 from tba.models import generation  # noqa: E402
 from tba.rollout.evaluate import greedy_accuracy  # noqa: E402
 from tba.rollout.samplers.hf import HFSampler  # noqa: E402
+from tba.run.build import build_task, warm_start  # noqa: E402
+from tba.run.logger import MetricsLogger  # noqa: E402
+from tba.run.train import train
 from tba.runtime.inline import InlineRuntime  # noqa: E402
 from tba.runtime.local import LocalRuntime  # noqa: E402
 

@@ -1,6 +1,6 @@
 """tba (async local runtime, default recipe) vs TRL's GRPOTrainer: wall-clock to a held-out accuracy target.
 
-Both systems, in the same invocation and per seed, start from the SAME SFT warm start (`tba.build.warm_start`,
+Both systems, in the same invocation and per seed, start from the SAME SFT warm start (`tba.run.build.warm_start`,
 loaded with AutoModelForCausalLM / AutoTokenizer), and share: the ArithTask train prompts and reward
 (`task.reward`, GSM8K last-number exact match), B = trainer.prompts_per_step prompts × K = trainer.samples_per_prompt
 samples per optimizer step, search.max_new_tokens completion tokens, sampling T = search.temperature, top-k 0,
@@ -78,9 +78,10 @@ import torch  # noqa: E402
 
 from bench.lib.header import header  # noqa: E402
 from bench.lib.paths import OUT, RESULTS  # noqa: E402
-from tba.build import build_task, train, warm_start  # noqa: E402
 from tba.config import load_config  # noqa: E402
 from tba.rollout.evaluate import greedy_accuracy  # noqa: E402
+from tba.run.build import build_task, warm_start  # noqa: E402
+from tba.run.train import train
 from tba.runtime import forkserver  # noqa: E402
 
 SMOKE = ["task.train_size=300", "task.test_size=16", "sft.steps=10", "sft.batch_size=16", "sft.log_every_steps=10",

@@ -26,11 +26,11 @@ import torch
 
 from bench.lib.header import header
 from bench.lib.paths import RESULTS
-from tba.build import build_models, build_task
 from tba.config import load_config
 from tba.rollout.demonstrations import make_groups, read_rows
 from tba.rollout.episodes import Limits, run_episodes, turns
 from tba.rollout.evaluate import episode_metrics
+from tba.run.build import build_models, build_task
 from tba.tasks.prepare import apply_chat_template
 
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 
 from bench.lib.header import header
-from tba.build import build_task
 from tba.config import load_config
-from tba.export import policy_source
 from tba.models import load_model, load_tokenizer
 from tba.models.sources import resolve_source
 from tba.rollout.evaluate import complete, task_metrics
+from tba.run.build import build_task
+from tba.run.export import policy_source
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ class TBATrainer:
     def train(self, *, resume: bool = False, overwrite: bool = False, log=print) -> dict:
         """Train to `args.trainer.steps` (a fresh run, or `resume` the one in args.output_dir); returns the
         summary. `overwrite` replaces a finished or stopped run in output_dir."""
-        from tba.build import train
+        from tba.run.train import train
 
         cfg = self.args
         if self._model_object is not None:
@@ -104,7 +104,7 @@ class TBATrainer:
 
     def save_model(self, path: str | Path) -> Path:
         """A servable `save_pretrained` model (LoRA merged, tokenizer included): `tba export`."""
-        from tba.export import export
+        from tba.run.export import export
 
         return export(self.args.output_dir, path)
 

@@ -41,7 +41,7 @@ def user_error(error: BaseException) -> tuple[int, str] | None:
 
 
 def log(msg: str) -> None:
-    from tba.progress import console
+    from tba.run.progress import console
 
     console.print(msg, highlight=False, soft_wrap=True)
 
@@ -82,7 +82,7 @@ def train_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
     start_early(cfg)  # the searchers' imports, in a server process, while this one imports the trainer's
     from tba.api import TBATrainer
-    from tba.progress import print_summary
+    from tba.run.progress import print_summary
 
     try:
         summary = TBATrainer(args=cfg).train(resume=bool(ns.resume), overwrite=ns.overwrite, log=log)
@@ -98,7 +98,7 @@ def train_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 def sft_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg = load_run_config(ns)
-    from tba.build import sft
+    from tba.run.train import sft
 
     try:
         path = sft(cfg, log=log)
@@ -153,7 +153,7 @@ def buffer_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 def export_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if len(ns.args) != 2:
         parser.error("usage: tba export RUN_DIR OUT_DIR")
-    from tba.export import export
+    from tba.run.export import export
 
     export(ns.args[0], ns.args[1])
     return 0
@@ -162,7 +162,7 @@ def export_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 def report_command(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not ns.args:
         parser.error("usage: tba report RUN_DIR [RUN_DIR ...] [--out DIR]")
-    from tba.report import report
+    from tba.run.report import report
 
     runs = [Path(a) for a in ns.args]
     out = Path(ns.out) if ns.out else runs[0] / "report" if len(runs) == 1 else Path("tba-report")

@@ -2,7 +2,7 @@
 
 A `UserError` is printed by `tba` as one line, `tba: <label>: <message>`, and exits with `exit_code`; any
 other exception is a bug and keeps its traceback. Each module defines its own subclass next to the code that
-raises it (a bad checkpoint is `tba.checkpoint.CheckpointError`, a bad data file `tba.tasks.data.DataLoadError`);
+raises it (a bad checkpoint is `tba.run.checkpoint.CheckpointError`, a bad data file `tba.tasks.data.DataLoadError`);
 only the config's error lives here, because the schema, the task factories and the plugin loader all raise it.
 """
 

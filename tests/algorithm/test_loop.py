@@ -19,8 +19,8 @@ from tba.algorithm.monitor import Monitor
 from tba.algorithm.runtime import RuntimeReport
 from tba.algorithm.state import Evaluation, RunState
 from tba.algorithm.types import Group, Sample
-from tba.build import build_buffer, loop_settings
 from tba.config import load_config
+from tba.run.build import build_buffer, loop_settings
 
 
 def group(pid: int, version: int, n: int = 4) -> Group:

@@ -7,9 +7,9 @@ import pytest
 import torch
 from paths import TINY
 
-from tba.build import build_runtime, searcher_specs
 from tba.config import load_config
 from tba.models import save_checkpoint
+from tba.run.build import build_runtime, searcher_specs
 from tba.runtime.specs import ModelSources
 from tba.runtime.worker import build_searcher
 

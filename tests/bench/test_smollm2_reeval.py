@@ -14,8 +14,8 @@ def reeval(bench_script):
 
 
 def test_held_out_keeps_the_runs_own_problems_first_and_nothing_trained_on(reeval):
-    from tba.build import build_task
     from tba.config import load_config
+    from tba.run.build import build_task
 
     cfg = load_config("smollm2_rg_cpu", ["task.train_size=300", "task.test_size=40"])
     task, prompts = reeval.held_out(cfg, 200)

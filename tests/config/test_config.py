@@ -211,7 +211,7 @@ def test_a_moved_key_new_place_is_a_real_key():
 
 
 def test_task_options_are_checked_against_the_task_factory():
-    from tba.build import build_task
+    from tba.run.build import build_task
 
     with pytest.raises(ConfigError, match=r"task.options: ArithTask does not take \['digit'\]; it takes digits"):
         build_task(load_config(None, ["task.options.digit=2"]))

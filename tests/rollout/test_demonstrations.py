@@ -237,7 +237,7 @@ def test_a_demonstration_moves_the_policy_toward_it_beside_searcher_samples_not_
 
 def test_a_run_with_data_draws_it_and_says_so(tmp_path, arith_task):
     out = tmp_path / "run"
-    from tba.build import train
+    from tba.run.train import train
 
     cfg = load_config(TINY, [f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}", "runtime=inline",
                              "mode=sync", "data.source=task", "data.bad_rows=skip", "data.share=0.5",

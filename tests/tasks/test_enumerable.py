@@ -11,11 +11,12 @@ import torch
 from tba.algorithm.objectives import OBJECTIVES
 from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw, Sample
-from tba.build import build_task, train
 from tba.config import ConfigError, load_config
 from tba.config.schema import TBConfig, TinyModelConfig, TrainerConfig
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.generation import generate
+from tba.run.build import build_task
+from tba.run.train import train
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring
 from tba.tasks.enumerable import EnumerableTask, exact_kl, response_space, sequence_logprobs
@@ -135,8 +136,8 @@ def test_tb_from_never_synced_pi_ref_reaches_the_kl_floor(tmp_path, seed):
 @pytest.fixture(scope="module")
 def foreign_policy(tmp_path_factory):
     """Another random init of the recipe's model (seed 1000), with the run's tokenizer: a fixed foreign behaviour."""
-    from tba.build import build_models
     from tba.models import save_checkpoint
+    from tba.run.build import build_models
 
     cfg = load_config("enumerable_cpu", ["seed=1000"])
     tokenizer, policy, _, _ = build_models(cfg, build_task(cfg), log=lambda m: None)

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from tba.build import train
 from tba.config import load_config
 from tba.config.schema import TinyModelConfig
 from tba.models.builtin import build_tiny_model, train_tokenizer
+from tba.run.train import train
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring
 from tba.tasks.enumerable_turns import EnumerableTurnsTask

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tba.build import train
 from tba.config import load_config
 from tba.errors import ConfigError
 from tba.models.builtin import train_tokenizer
+from tba.run.train import train
 from tba.tasks.guess_number import GuessEnv, GuessNumberTask
 
 

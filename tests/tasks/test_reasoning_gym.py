@@ -59,8 +59,8 @@ def test_bad_dataset_and_options_name_the_field():
 
 
 def test_registry_builds_it_from_task_options():
-    from tba.build import build_task
     from tba.config import load_config
+    from tba.run.build import build_task
 
     def make(*overrides):
         return build_task(load_config(None, ["task.name=reasoning_gym", "model.policy=x/y", *overrides]))

@@ -142,7 +142,7 @@ def test_win_rate_is_strictly_better_than_reference_under_the_gold_rm(task):
 
 
 def test_built_from_config_through_the_tldr_factory(data_dir, rms):
-    from tba.build import build_task
+    from tba.run.build import build_task
 
     cfg = load_config(None, ["task.name=tldr", f"model.policy={rms[0]}", "task.train_size=3", "task.test_size=null",
                              f"task.options={{reward_model: {rms[0]}, batch_size: 2}}",

@@ -9,7 +9,7 @@
         every N updates: evaluate on held-out prompts; every C updates: checkpoint
 
 The runtime (inline, local processes, Ray, offline; tba.runtime) only decides where searchers run and how
-groups and weights travel; `tba.build` makes every part from the config, and `tba.build.train` composes a run
+groups and weights travel; `tba.run.build` makes every part from the config, and `tba.run.train` composes a run
 (fresh or resumed) around this loop. This file is the order of operations, which is part of the algorithm,
 and nothing else: it imports no runtime and nothing that builds one, and its clocks and warnings are the
 `Monitor`'s (tba.algorithm.monitor).
@@ -31,15 +31,15 @@ from tba.algorithm.monitor import Monitor
 from tba.algorithm.runtime import Runtime
 from tba.algorithm.state import CheckpointState, Evaluation, RunState, RunTotals
 from tba.algorithm.trainer import Trainer
-from tba.checkpoint import Checkpointer, CheckpointError
-from tba.metrics import MetricsLogger
-from tba.progress import GracefulStop, RunProgress
 from tba.rollout.evaluate import Evaluator
+from tba.run.checkpoint import Checkpointer, CheckpointError
+from tba.run.logger import MetricsLogger
+from tba.run.progress import GracefulStop, RunProgress
 
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """The numbers the loop runs by (tba.build takes them from the config's sections)."""
+    """The numbers the loop runs by (tba.run.build takes them from the config's sections)."""
 
     steps: int
     """U: updates in the whole run."""
@@ -62,7 +62,7 @@ class LoopSettings:
 
 
 class Loop:
-    """Runs the steps of one segment of a run (a fresh start or a resume) over the parts `tba.build` made."""
+    """Runs the steps of one segment of a run (a fresh start or a resume) over the parts `tba.run.build` made."""
 
     def __init__(self, settings: LoopSettings, *, trainer: Trainer, buffer: ReplayBuffer, runtime: Runtime,
                  evaluator: Evaluator, checkpoints: Checkpointer, logger: MetricsLogger, state: RunState,

@@ -31,7 +31,7 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
                  sources: dict[str, dict] | None = None) -> dict[str, float]:
     """One step's metrics: the trainer's `update` metrics, plus what was drawn (staleness = trainer version −
     sample version, before the update), what the buffer holds, the searchers' own counters, and — with
-    several sources — each source's share (tba.metrics.source_metrics)."""
+    several sources — each source's share (tba.run.logger.source_metrics)."""
     staleness = [version - s.version for d in draws for s in d.samples]
     extra = {}
     if buffer.cfg.max_sample_age is not None:

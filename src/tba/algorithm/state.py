@@ -66,7 +66,7 @@ class RunState:
 
     @classmethod
     def from_checkpoint(cls, state: dict) -> RunState:
-        """From a checkpoint's state (tba.checkpoint.load); {} (no checkpoint) gives a fresh state."""
+        """From a checkpoint's state (tba.run.checkpoint.load); {} (no checkpoint) gives a fresh state."""
         loop = state.get("loop", {})
         evals = [Evaluation.from_json(row) for row in loop.get("evals", [])]
         return cls(step=state.get("step", 0), evals=evals, rewards_seen=loop.get("rewards_seen", []),
@@ -79,7 +79,7 @@ class RunState:
 
 @dataclass
 class CheckpointState:
-    """What the loop writes to a checkpoint's state.json (tba.checkpoint adds the RNG states and the
+    """What the loop writes to a checkpoint's state.json (tba.run.checkpoint adds the RNG states and the
     optimizer's parameter groups): its own RunState and what the trainer, buffer and searchers resume from."""
 
     run: RunState

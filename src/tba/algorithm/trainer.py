@@ -22,10 +22,10 @@ import torch
 from tba.algorithm.objectives import Objective
 from tba.algorithm.objectives.tb import beta_at, vargrad_log_z
 from tba.algorithm.types import Draw
-from tba.checkpoint import load_optimizer
 from tba.config.schema import BaselineConfig, TBConfig, TrainerConfig
 from tba.models import load_model, synced_tensors
 from tba.models.generation import response_logprobs
+from tba.run.checkpoint import load_optimizer
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -115,7 +115,7 @@ class Trainer:
         return min(1.0, a0 / median) if median > 0 else 1.0
 
     def load_state(self, path, state: dict) -> None:
-        """Continue from checkpoint `path` (tba.checkpoint): optimizer moments, counters, TBA′ reference.
+        """Continue from checkpoint `path` (tba.run.checkpoint): optimizer moments, counters, TBA′ reference.
         The policy weights were loaded with the model; LR and β are functions of the step."""
         load_optimizer(path, self.optimizer, state["optimizer_param_groups"])
         self.version, self.skipped_steps = state["version"], state["skipped_steps"]

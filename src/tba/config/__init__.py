@@ -3,7 +3,7 @@
 Why dataclasses and not a dict: every setting has one documented home, a typo is an error instead of a
 silently ignored key, and the whole config is validated before any model is built (a config error must
 never cost the user a 10-second transformers import or a half-written run directory). The rules live beside
-their fields in tba.config.schema; this module applies them, naming the dotted key. Only tba.build reads the
+their fields in tba.config.schema; this module applies them, naming the dotted key. Only tba.run.build reads the
 resulting `RunConfig`: every component receives its own section(s).
 """
 

@@ -123,7 +123,7 @@ class SFTConfig:
     """Run the SFT warm start before RL when the policy is `builtin` (cached; see `cache_dir`)."""
     steps: int = 1500
     """SFT steps of the builtin model's warm start: enough that its held-out accuracy has plateaued (a start
-    still mid-curve can leave RL nothing to fix; tba.sft warns when it sees one)."""
+    still mid-curve can leave RL nothing to fix; tba.run.sft warns when it sees one)."""
     lr: float = 3e-3
     """Peak learning rate of the warm start (AdamW, linear warm-up then cosine decay to 10 %)."""
     batch_size: int = setting(64, positive)

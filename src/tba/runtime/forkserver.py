@@ -5,7 +5,7 @@ model — 7–10 s on a 2-core machine, most of a local run's start-up, and agai
 forkserver imports a list of modules once, in its own process, then forks each child from itself: the child
 starts with them imported and only loads its models. `start` returns at once (the server imports in the
 background), so `tba train` calls it right after reading the config — the server imports while the trainer
-process does the same and builds its models (on two cores: at the same time) — and `tba.build.train` calls it
+process does the same and builds its models (on two cores: at the same time) — and `tba.run.train` calls it
 again (a no-op once running).
 
 What a forked searcher inherits from the server instead of from the trainer: modules imported, and variables read

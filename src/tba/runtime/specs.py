@@ -1,7 +1,7 @@
 """What a searcher is built from, as small picklable records: a searcher process or Ray actor receives a
 `SearcherSpec` — not the run's config — and builds exactly what it describes (tba.runtime.worker.build_searcher).
 
-tba.build makes them: it is the only code that reads the run's config and resolves registry names, so a spec
+tba.run.build makes them: it is the only code that reads the run's config and resolves registry names, so a spec
 holds resolved `tba.plugins` targets (the task's factory, the sampler's builder), never a name to look up.
 """
 

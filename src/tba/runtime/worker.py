@@ -41,7 +41,7 @@ class InlineParts:
 
 @dataclass
 class RuntimeParts:
-    """What a runtime factory (tba.runtime.RUNTIMES) is built from — tba.build makes it; each runtime reads what
+    """What a runtime factory (tba.runtime.RUNTIMES) is built from — tba.run.build makes it; each runtime reads what
     it uses: the searchers' specs, the weights they start from, and the settings of how they are supervised."""
 
     searchers: list[SearcherSpec]

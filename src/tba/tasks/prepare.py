@@ -1,7 +1,7 @@
 """A task made ready for a model: built from its spec, prompts wrapped in the chat template, and prompts that
 do not fit the model's context dropped or truncated.
 
-Here rather than in tba.build because searcher workers (tba.runtime) prepare their own copy of the task from a
+Here rather than in tba.run.build because searcher workers (tba.runtime) prepare their own copy of the task from a
 `TaskSpec`, and the runtime must not import the module that builds the runtimes.
 """
 

@@ -16,13 +16,13 @@ import time
 import pytest
 import torch
 
-from tba.build import sampler_spec
 from tba.config.schema import RunConfig, TinyModelConfig
 from tba.models import apply_lora, load_model, load_tokenizer, save_checkpoint, synced_tensors
 from tba.models.builtin import build_tiny_model
 from tba.models.generation import response_logits, response_logprobs
 from tba.models.sources import resolve_source
 from tba.rollout.samplers.vllm import fast_cpu_env
+from tba.run.build import sampler_spec
 from tba.runtime.worker import build_sampler
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

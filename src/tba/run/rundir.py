@@ -3,7 +3,7 @@
     RUN_DIR/config.yaml            resolved config (what --resume reads back)
     RUN_DIR/buffer.sqlite          the durable replay buffer (tba.algorithm.store): accepted groups, compacted at
     checkpoints
-    RUN_DIR/checkpoints/           full checkpoints (tba.checkpoint); `latest` names the newest
+    RUN_DIR/checkpoints/           full checkpoints (tba.run.checkpoint); `latest` names the newest
     RUN_DIR/metrics.jsonl          one line per trainer step; tensorboard/ the same as scalars
     RUN_DIR/checkpoint/            final policy, save_pretrained (what users load)
     RUN_DIR/summary.json           before/after accuracy and run counters

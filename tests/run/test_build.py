@@ -2,13 +2,13 @@
 
 import pytest
 
-from tba import build
 from tba.algorithm.objectives import OBJECTIVES
 from tba.algorithm.store import BufferStore
 from tba.algorithm.types import Group, Sample
 from tba.config import ConfigError, load_config
 from tba.plugins import load_object
 from tba.rollout.samplers import SAMPLERS
+from tba.run import build
 from tba.runtime import RUNTIMES
 from tba.tasks import TASKS
 

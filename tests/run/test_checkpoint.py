@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tba import checkpoint as ckpt
 from tba.algorithm.seeding import rng_state, set_rng_state
+from tba.run import checkpoint as ckpt
 
 
 def _trained(tiny_model):

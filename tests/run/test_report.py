@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tba.cli import main
-from tba.report import FIGURES, report
+from tba.run.report import FIGURES, report
 
 PNG = b"\x89PNG"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from transformers import AutoModelForCausalLM
 
-import tba.checkpoint as ckpt
+import tba.run.checkpoint as ckpt
 from tba.errors import UserError
 from tba.models import load_model, load_tokenizer
 

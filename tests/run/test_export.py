@@ -42,7 +42,7 @@ def test_a_lora_run_exports_a_merged_model_with_the_same_greedy_text(tmp_path, t
 
 
 def test_a_stopped_run_exports_its_newest_checkpoint(tmp_path, tiny_model, tiny_tokenizer, capsys):
-    from tba import checkpoint as ckpt
+    from tba.run import checkpoint as ckpt
 
     model = copy.deepcopy(tiny_model)
     optimizer = torch.optim.AdamW(model.parameters())

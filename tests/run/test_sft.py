@@ -1,10 +1,10 @@
-"""tba.sft: the warm start refuses a multi-turn task; plateau_warning, the check that flags a warm start still
+"""tba.run.sft: the warm start refuses a multi-turn task; plateau_warning, the check that flags a warm start still
 mid-curve (the cause of the seeds that barely learned, bench/results/learning/seed_robustness.md), on the
 histories those runs actually logged."""
 
 import pytest
 
-from tba.sft import plateau_warning
+from tba.run.sft import plateau_warning
 
 
 def history(accs: list[float], every: int = 100) -> list[dict]:
@@ -31,7 +31,7 @@ def test_too_short_a_history_says_nothing():
 def test_a_multi_turn_task_is_refused_pointing_to_data_instead():
     from tba.config.schema import EvalConfig, SFTConfig
     from tba.errors import ConfigError
-    from tba.sft import train_sft
+    from tba.run.sft import train_sft
 
     class Turns:
         name = "turns"

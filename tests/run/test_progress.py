@@ -1,6 +1,6 @@
 """Progress without a terminal is a plain, complete line (a log file or CI never sees a truncated bar)."""
 
-from tba.progress import RunProgress
+from tba.run.progress import RunProgress
 
 BAR_CHARACTERS = set("━─╸╺█▏▎▍▌▋▊▉\r\x1b")
 

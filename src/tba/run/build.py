@@ -11,30 +11,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
-import time
 from pathlib import Path
 
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-import tba.checkpoint as ckpt
-import tba.rundir as rundir
 from tba.algorithm.buffer import ReplayBuffer
-from tba.algorithm.loop import Loop, LoopSettings
-from tba.algorithm.monitor import Monitor
+from tba.algorithm.loop import LoopSettings
 from tba.algorithm.objectives import OBJECTIVES
 from tba.algorithm.objectives.tb import beta_at
 from tba.algorithm.runtime import Runtime
-from tba.algorithm.seeding import rng_isolated, searcher_seed, seed_everything, set_rng_state
+from tba.algorithm.seeding import rng_isolated, searcher_seed
 from tba.algorithm.state import RunState
 from tba.algorithm.trainer import Trainer
-from tba.checkpoint import Checkpointer, CheckpointError
-from tba.config import RunConfig, plain, save_config, to_dict
+from tba.config import RunConfig
 from tba.config.schema import SearchConfig, SearcherGroup
-from tba.errors import ConfigError
-from tba.metrics import MetricsLogger, run_summary
 from tba.models import (
     apply_lora,
     load_model,
@@ -51,11 +42,12 @@ from tba.rollout.demonstrations import make_groups, read_rows, target_weight_war
 from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator
 from tba.rollout.samplers import SAMPLERS
-from tba.runtime import RUNTIMES, forkserver
+from tba.run.checkpoint import CheckpointError
+from tba.run.sft import cache_key
+from tba.run.sft import warm_start as sft_warm_start
+from tba.runtime import RUNTIMES
 from tba.runtime.specs import ModelSources, SamplerSpec, SearcherSpec
 from tba.runtime.worker import InlineParts, RuntimeParts
-from tba.sft import cache_key
-from tba.sft import warm_start as sft_warm_start
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring, Task
 from tba.tasks.data import DataLoadError
@@ -77,7 +69,7 @@ def build_task(cfg: RunConfig, tokenizer=None) -> Task:
 
 
 def warm_start(cfg: RunConfig, task: Task, log=print) -> Path:
-    """The builtin model's SFT warm start for this config (tba.sft), trained on a cache miss."""
+    """The builtin model's SFT warm start for this config (tba.run.sft), trained on a cache miss."""
     key = cache_key(cfg.task, cfg.model.tiny, cfg.sft, cfg.seed)
     return sft_warm_start(task, cfg.sft, cfg.model.tiny, seed=cfg.seed, key=key, evaluation=cfg.eval, log=log)
 
@@ -348,54 +340,3 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
                           limits=Limits.of(cfg.search, cfg.eval.max_new_tokens))
     identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
     return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, evaluator, fitted, identity, data)
-
-
-def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = False,
-          callbacks: list | None = None) -> dict:
-    """Compose a run — fresh, or resumed from the newest usable checkpoint of `cfg.output_dir` — and run the
-    loop (tba.algorithm.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json). `callbacks`
-    are called as fn(step, metrics) after every update."""
-    out = Path(cfg.output_dir)
-    rundir.prepare(out, resume=resume, overwrite=overwrite)
-    resume_from = ckpt.latest(out, log=log) if resume else None
-    checkpoint = ckpt.load(resume_from) if resume_from else {}
-    state = RunState.from_checkpoint(checkpoint)
-    if resume_from is not None and state.step >= cfg.trainer.steps:
-        log(f"{out}: already finished at step {state.step} (trainer.steps={cfg.trainer.steps}); "
-            "pass trainer.steps=N to continue training")
-        return json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
-    save_config(cfg, out / "config.yaml")
-    forkserver.start_early(cfg)  # local searchers fork from it: it imports while the models below are built
-    searchers = sum(g.num_searchers for g in searcher_groups(cfg))
-    torch.set_num_threads(cfg.threads or default_threads(searchers, cfg.runtime)[0])
-    seed_everything(cfg.seed)
-    t_run = time.perf_counter()
-    run = build_run(cfg, out, resume_from, checkpoint, state, log)
-    if resume_from is not None:
-        state.resumed_at.append(state.step)
-        moved = rundir.set_aside_metrics(out, state.step)
-        log(f"resuming {out} from {resume_from.name} (step {state.step}); "
-            f"{moved} metric lines of the interrupted segment moved to metrics.interrupted.jsonl")
-    logger = MetricsLogger(out, cfg.logging, plain(to_dict(cfg)), callbacks)
-    if resume_from is not None:
-        set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
-    monitor = Monitor(dataclasses.replace(state), t_run, cfg.supervision.heartbeat_timeout_s)
-    loop = Loop(loop_settings(cfg), trainer=run.trainer, buffer=run.buffer, runtime=run.runtime,
-                evaluator=run.evaluator, checkpoints=Checkpointer(out, run.policy, run.tokenizer, cfg.checkpoint.keep),
-                logger=logger, state=state, monitor=monitor, log=log, resumed=resume_from is not None)
-    try:
-        totals = loop.run()
-    finally:
-        loop.close()
-    summary = run_summary(state, run, totals)
-    save_checkpoint(run.policy, run.tokenizer, out / "checkpoint")
-    summary["checkpoint"] = str(out / "checkpoint")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
-
-
-def sft(cfg: RunConfig, log=print) -> Path:
-    """`tba sft`: build (or reuse) the cached SFT warm start of the builtin model."""
-    if cfg.model.policy != "builtin":
-        raise ConfigError("model.policy: tba sft builds the builtin model's warm start (model.policy=builtin)")
-    return warm_start(cfg, build_task(cfg), log=log)
