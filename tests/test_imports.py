@@ -121,4 +121,4 @@ def test_only_build_and_the_front_ends_read_the_run_config():
     handed over by the two front ends (the Python API, and the CLI that goes through it)."""
     readers = sorted(m for m, p in MODULES.items() if not m.startswith("tba.config")
                      and any(n == "tba.config" or n.endswith(".RunConfig") for n in imported_modules(p)))
-    assert readers == ["tba.api", "tba.cli", "tba.run.build", "tba.run.train"]
+    assert readers == ["tba.api", "tba.cli.train", "tba.run.build", "tba.run.train"]

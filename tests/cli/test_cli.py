@@ -92,8 +92,18 @@ def test_user_errors_are_told_from_bugs_by_type():
 def test_the_help_points_config_keys_to_the_schema(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
+    assert "tba train --resume RUN_DIR" in capsys.readouterr().out  # every command, one line each
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
     out = capsys.readouterr().out
-    assert "src/tba/config/schema.py" in out and "--debug" in out
+    assert "src/tba/config/schema.py" in out and "--debug" in out and "--resume" in out
+
+
+def test_a_command_has_only_its_own_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "run", "out", "--limit", "3"])  # --limit is `tba buffer dump`'s
+    assert "unrecognized arguments: --limit" in capsys.readouterr().err
+    assert main(["nonsense"]) == 2
 
 
 def test_an_interrupted_run_says_how_to_continue_it(tmp_path, monkeypatch, capsys):

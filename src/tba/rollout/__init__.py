@@ -1,0 +1,9 @@
+"""Making samples: a searcher turns prompts into scored, reference-annotated groups with a (possibly stale) policy.
+
+    searcher.py        prompts → samples with a sampler, π_ref log-probs and the task's rewards
+    samplers/          the engines a searcher generates with (hf, vllm) behind one protocol, and their registry
+    episodes.py        multi-turn episodes: the policy acts, an environment answers, token-exact
+    demonstrations.py  completions from elsewhere (demonstrations, logged data) made into buffer groups
+    evaluate.py        held-out evaluation
+    quantize.py        quantized copies of the policy for searchers (search.quantize)
+"""

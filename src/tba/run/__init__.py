@@ -1,0 +1,9 @@
+"""One run: everything built from a config, trained around the loop, and what it leaves on disk.
+
+    train.py       a run, fresh or resumed, to its summary (`tba train`); the SFT warm start alone (`tba sft`)
+    build.py       every part a run trains with, from its config (the only reader of a whole RunConfig)
+    checkpoint.py  atomic full checkpoints        rundir.py   the run directory's rules
+    logger.py      metrics.jsonl, TensorBoard, W&B summary.py  summary.json
+    progress.py    the live bar, Ctrl-C, the before/after table
+    sft.py         the builtin model's warm start  export.py   a servable model    report.py   figures
+"""
