@@ -91,7 +91,7 @@ def run_one(job: dict) -> dict:
                                       "mode=sync", "threads=1", "search.threads=1", "logging.progress=false",
                                       "logging.tensorboard=false", "buffer.persist=false", *job["overrides"]])
     with sampler_patched(condition.get("sample_temperature"), condition.get("report_scoring_logprobs", False)):
-        s = train(cfg, log=lambda m: None, overwrite=True)
+        s = train(cfg, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     curve = [(0, s["eval_start"]["kl_to_target"])]
     curve += [(m["step"], m["eval/kl_to_target"]) for m in metrics if m.get("eval/kl_to_target") is not None]

@@ -33,20 +33,20 @@ from tba.run.train import train
 def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:
     cfg = load_config(None, [f"seed={seed}", f"output_dir={out_root / f'rl-seed{seed}'}",
                              "logging.progress=false", *overrides])
-    summary = train(cfg, log=lambda m: print(f"[seed {seed}] {m}", flush=True), overwrite=True)
+    summary = train(cfg, overwrite=True)
     budget = summary["train_wall_clock_s"]
 
     # control: continue SFT from the same warm start, same wall-clock budget, all cores (RL used them all too)
     torch.set_num_threads(os.cpu_count() or 1)
     task = build_task(cfg)
-    tokenizer, policy, _, _ = build_models(cfg, task, log=lambda m: None)
+    tokenizer, policy, _, _ = build_models(cfg, task)
     key = cache_key(cfg.task, cfg.model.tiny, cfg.sft, cfg.seed)
     sft_info = json.loads((cache_root(cfg.sft) / f"sft-{task.name}-{key}" / "sft.json").read_text())
     ctrl_sft = copy.deepcopy(cfg.sft)
     ctrl_sft.log_every_steps = 10**9  # no evals inside the budget
     # the warm start ended its cosine schedule at 10 % of the peak LR: continue there until the budget is spent
     ctrl = train_sft(policy, tokenizer, task, ctrl_sft, seed=cfg.seed, evaluation=cfg.eval, steps=10**9,
-                     time_budget_s=budget, constant_lr=0.1 * cfg.sft.lr, log=lambda m: None)
+                     time_budget_s=budget, constant_lr=0.1 * cfg.sft.lr)
     acc_ctrl = greedy_accuracy(policy, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
     plateau = [h["test_accuracy"] for h in sft_info["history"][-4:]]  # the warm start's last SFT evaluations
     row = {"seed": seed, "sft_last_evals": plateau, "sft": summary["score_start"],

@@ -93,7 +93,7 @@ def run_one(job: dict) -> dict:
                                       "runtime=inline", "mode=sync", "threads=1", "search.threads=1",
                                       "logging.progress=false", "logging.tensorboard=false", "buffer.persist=false",
                                       *job["overrides"]])
-    s = train(cfg, log=lambda m: None, overwrite=True)
+    s = train(cfg, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     evals = [(0, s["eval_start"])] + [(m["step"], {k[5:]: v for k, v in m.items() if k.startswith("eval/")})
                                       for m in metrics if m.get("eval/kl_to_target") is not None]

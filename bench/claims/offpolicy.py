@@ -44,7 +44,7 @@ def run_one(job: dict) -> dict:
                                       f"output_dir={job['out']}", "runtime=inline", "mode=sync", "threads=1",
                                       "search.threads=1", "logging.progress=false", "logging.tensorboard=false",
                                       *job["overrides"]])
-    s = train(cfg, log=lambda m: None, overwrite=True)
+    s = train(cfg, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     return {**{k: job[k] for k in ("objective", "k", "m", "seed")}, "start": s["score_start"],
             "final": s["score_end"], "staleness_mean": statistics.mean(x["staleness/mean"] for x in metrics),
@@ -64,7 +64,7 @@ def build_warm_starts(args) -> None:
     for seed in args.seeds:
         cfg = load_config(args.config, [f"seed={seed}", *args.overrides])
         if cfg.model.policy == "builtin" and cfg.sft.enabled:
-            warm_start(cfg, build_task(cfg), log=lambda m, s=seed: print(f"[seed {s}] {m}", flush=True))
+            warm_start(cfg, build_task(cfg))
 
 
 def diagnostics(metrics: list[dict]) -> dict:

@@ -82,7 +82,7 @@ def enumerable_inputs(out: Path, seed: int, config: str) -> dict[str, str]:
     task = build_task(cfg)
     foreign = out / f"foreign-s{seed}"
     if not (foreign / "config.json").is_file():
-        tokenizer, policy, _, _ = build_models(cfg, task, log=lambda m: None)
+        tokenizer, policy, _, _ = build_models(cfg, task)
         save_checkpoint(policy, tokenizer, foreign)
     demos = out / "demonstrations.jsonl"
     if not demos.is_file():
@@ -109,7 +109,7 @@ def run_enumerable(job: dict) -> dict:
                                           *job["overrides"]])
     except ConfigError as e:
         return {**row, "refused": str(e)}
-    s = train(cfg, log=lambda m: None, overwrite=True)
+    s = train(cfg, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     curve = [(0, s["eval_start"]["kl_to_target"])]
     curve += [(m["step"], m["eval/kl_to_target"]) for m in metrics if m.get("eval/kl_to_target") is not None]
@@ -208,8 +208,8 @@ def run_hard(job: dict) -> dict:
     cfg = load_config(job["config"], [f"seed={job['seed']}", f"objective={job['objective']}",
                                       f"output_dir={job['out']}", *QUIET, *job["overrides"]])
     if cfg.model.policy == "builtin" and cfg.sft.enabled:  # cached: the same warm start for every condition
-        warm_start(cfg, task_of(cfg), log=lambda m: print(f"[sft seed {job['seed']}] {m}", flush=True))
-    s = train(cfg, log=lambda m: None, overwrite=True)
+        warm_start(cfg, task_of(cfg))
+    s = train(cfg, overwrite=True)
     metrics = [json.loads(x) for x in (Path(job["out"]) / "metrics.jsonl").read_text().splitlines()]
     last = metrics[-1]
     update, seconds = first_at(s["evals"], job["target"])

@@ -59,7 +59,7 @@ def run(variant: str, seed: int, args) -> dict:
     cfg = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'{variant}-seed{seed}'}",
                              "logging.progress=false", f"eval.every_steps={args.eval_every}",
                              *VARIANTS[variant], *args.overrides])
-    s = train(cfg, log=lambda m: None, overwrite=True)
+    s = train(cfg, overwrite=True)
     row = {"variant": variant, "seed": seed, "final_acc": s["score_end"],
            "time_to_target_s": time_to(s["evals"], args.target), "train_s": s["train_wall_clock_s"],
            "total_s": s["wall_clock_s"], "trainer_busy": s["trainer_busy_fraction"],

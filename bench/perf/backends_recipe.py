@@ -36,7 +36,7 @@ def run(backend: str, args) -> dict:
     smoke = ["trainer.steps=3", "eval.every_steps=3", "task.test_size=8", "sft.steps=20"] if args.smoke else []
     cfg = load_config(recipe, [f"seed={args.seed}", f"output_dir={out}", f"search.backend={backend}",
                                "logging.progress=false", "logging.tensorboard=false", *smoke, *args.overrides])
-    s = train(cfg, log=lambda m: print(f"  [{backend}] {m}", flush=True), overwrite=True)
+    s = train(cfg, overwrite=True)
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     last = metrics[-1]
     loads = last.get("sync/searcher_loads", 0) - 1 or None  # the first load (at start) is not a sync

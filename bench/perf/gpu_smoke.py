@@ -146,7 +146,7 @@ def run(backend: str, policy: Path, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     with MemoryPeak(device) as memory:
-        summary = train(cfg, log=lambda m: print(f"  [{backend} {time.perf_counter() - t0:6.1f}s] {m}", flush=True),
+        summary = train(cfg,
                         overwrite=True)
     total = time.perf_counter() - t0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

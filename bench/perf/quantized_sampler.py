@@ -98,8 +98,8 @@ def load(name: str, smoke_dir: Path | None) -> dict:
     cfg = load_config(recipe, [*SMOKE_OVERRIDES, f"sft.cache_dir={smoke_dir}"] if smoke_dir else [])
     task = build_task(cfg)
     if cfg.model.policy == "builtin" and cfg.sft.enabled:
-        warm_start(cfg, task, log=lambda m: print(f"  sft: {m}", flush=True))
-    tokenizer, model, _, _ = build_models(cfg, task, log=lambda m: None)
+        warm_start(cfg, task)
+    tokenizer, model, _, _ = build_models(cfg, task)
     task = build_task(cfg, tokenizer)  # in the chat template where the recipe uses one
     return {"model": model.float().eval(), "tokenizer": tokenizer, "task": task, "prompts": task.train,
             "ids": [tokenizer(p.text)["input_ids"] for p in task.train],  # as the searcher does

@@ -230,7 +230,7 @@ def per_update(extra: dict) -> dict:
 def run_tba(cfg, name: str) -> dict:
     LAST.clear()
     TIMER.reset()
-    train(cfg, log=lambda m: print(f"[{name}] {m}", flush=True), overwrite=True)
+    train(cfg, overwrite=True)
     TIMER.stop()
     stats, states = LAST["stats"], LAST["states"]
     extra = {"fresh_per_update": (LAST["received"] - LAST["received0"]) / max(LAST["steps"], 1)}
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             "logging.progress=false"]
     task = build_task(base)
     sft_dir = (Path(base.model.policy) if base.model.policy != "builtin"
-               else warm_start(base, task, log=lambda m: print(f"[sft] {m}", flush=True)))
+               else warm_start(base, task))
     results: dict[str, list[dict]] = {s: [] for s in args.systems}
     with instrumented():
         for r in range(args.repeats):

@@ -108,7 +108,7 @@ def fork_server_ready(cfg) -> None:
 
 
 def run_tba(cfg, args, seed: int) -> dict:
-    s = train(cfg, log=lambda m: print(f"[tba {cfg.mode} seed {seed}] {m}", flush=True), overwrite=True)
+    s = train(cfg, overwrite=True)
     if args.startup:  # launch to accuracy: models built, searcher processes started and ready
         s["evals"] = [(step, score, t + s["startup_s"]) for step, score, t in s["evals"]]
         s["train_wall_clock_s"] += s["startup_s"]
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "logging.progress=false", f"eval.every_steps={args.eval_every}", *overrides])
         task = build_task(cfg)
         sft_dir = (Path(cfg.model.policy) if cfg.model.policy != "builtin"  # a given checkpoint: used as is
-                   else warm_start(cfg, task, log=lambda m, s=seed: print(f"[sft seed {s}] {m}", flush=True)))
+                   else warm_start(cfg, task))
         rows.append(summarise("tba", seed, run_tba(cfg, args, seed), args))
         if args.tba_sync:
             sync = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-sync-seed{seed}'}",

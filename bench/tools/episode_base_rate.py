@@ -46,7 +46,7 @@ def main() -> None:
     cfg = load_config(args.recipe, [f"task.test_size={args.prompts}", f"eval.samples_per_prompt={max(args.samples, 1)}",
                                     f"eval.temperature={args.temperature}", f"seed={args.seed}"])
     task = build_task(cfg)
-    tokenizer, policy, _, _ = build_models(cfg, task, log=lambda m: None)
+    tokenizer, policy, _, _ = build_models(cfg, task)
     apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)
     limits = Limits.of(cfg.search, cfg.eval.max_new_tokens)
     torch.manual_seed(args.seed)

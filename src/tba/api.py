@@ -80,17 +80,20 @@ class TBATrainer:
         self.args, self.callbacks = cfg, list(callbacks or [])
         self.summary: dict | None = None
 
-    def train(self, *, resume: bool = False, overwrite: bool = False, log=print) -> dict:
+    def train(self, *, resume: bool = False, overwrite: bool = False) -> dict:
         """Train to `args.trainer.steps` (a fresh run, or `resume` the one in args.output_dir); returns the
         summary. `overwrite` replaces a finished or stopped run in output_dir."""
+        from tba.run.progress import log_to_console
         from tba.run.train import train
+
+        log_to_console(only_if_unconfigured=True)
 
         cfg = self.args
         if self._model_object is not None:
             cfg.model.policy = self._save_start(Path(cfg.output_dir), overwrite or resume)
         validate(cfg)
         check_crossing(cfg)
-        self.summary = train(cfg, log=log, resume=resume, overwrite=overwrite, callbacks=self.callbacks)
+        self.summary = train(cfg, resume=resume, overwrite=overwrite, callbacks=self.callbacks)
         return self.summary
 
     @property

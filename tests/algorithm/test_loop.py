@@ -134,13 +134,13 @@ def harness(tmp_path):
         events: list = []
         state = state or RunState()
         buffer_state = saved[-1][1]["buffer"] if resumed else None
-        buffer = build_buffer(cfg, tmp_path, tmp_path if resumed else None, buffer_state, log=lambda m: None)
+        buffer = build_buffer(cfg, tmp_path, tmp_path if resumed else None, buffer_state)
         logger = SimpleNamespace(lines=[], close=lambda: None)
         logger.log = lambda step, m: logger.lines.append((step, m))
         run = Loop(loop_settings(cfg), trainer=StubTrainer(events), buffer=RecordingBuffer(buffer, events),
                    runtime=StubRuntime(events, next_pid), evaluator=StubEvaluator(),
                    checkpoints=StubCheckpoints(tmp_path, saved, keep), logger=logger, state=state,
-                   monitor=Monitor(RunState(), 0.0, 300.0), log=lambda m: None, resumed=resumed)
+                   monitor=Monitor(RunState(), 0.0, 300.0), resumed=resumed)
         return run, events, logger
 
     return make, saved
@@ -250,15 +250,14 @@ def test_run_state_round_trips_a_checkpoint(tmp_path):
     assert RunState.from_checkpoint({}) == RunState()
 
 
-def test_an_async_trainer_drawing_on_an_aging_buffer_warns(harness, monkeypatch):
+def test_an_async_trainer_drawing_on_an_aging_buffer_warns(harness, monkeypatch, caplog):
     make, _ = harness
     monkeypatch.setattr(monitor_module, "NO_FRESH_WARN_S", 0.0)
     run, _, _ = make(steps=3)
-    logs = []
-    run.log = logs.append
     run.runtime.collect = lambda block: [group(100, 0), group(101, 0)] if block else []  # prefill, then silence
     run.run()
-    assert sum("no fresh samples" in m for m in logs) == 1  # once per quiet spell, not every step
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("no fresh samples" in m for m in warnings) == 1  # once per quiet spell, not every step
 
 
 @pytest.mark.parametrize("bound", [None, 1.0])

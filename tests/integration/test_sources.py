@@ -24,7 +24,7 @@ GROUPS = "search.groups=[{name: policy}, {name: hot, temperature: 1.5, sync: fal
 def other_policy(tmp_path_factory):
     """Another model with the run's tokenizer: the builtin model of another seed (no SFT)."""
     cfg = load_config(TINY, ["sft.enabled=false", "seed=77"])
-    tokenizer, policy, _, _ = build_models(cfg, build_task(cfg), log=lambda m: None)
+    tokenizer, policy, _, _ = build_models(cfg, build_task(cfg))
     path = tmp_path_factory.mktemp("other") / "model"
     save_checkpoint(policy, tokenizer, path)
     return str(path)
@@ -51,8 +51,8 @@ def test_a_mixed_source_run_records_every_sample_source_through_a_checkpoint_and
     out = tmp_path / "run"
     base = [f"output_dir={out}", "sft.enabled=false", "runtime=inline", "mode=sync", "trainer.sync_every_steps=1",
             "checkpoint.every_steps=3", "eval.every_steps=100", GROUPS.replace("OTHER", other_policy)]
-    train(load_config(TINY, [*base, "trainer.steps=3"]), log=lambda m: None, overwrite=True)
-    summary = train(load_config(out / "config.yaml", ["trainer.steps=6"]), log=lambda m: None, resume=True)
+    train(load_config(TINY, [*base, "trainer.steps=3"]), overwrite=True)
+    summary = train(load_config(out / "config.yaml", ["trainer.steps=6"]), resume=True)
     store = BufferStore(out, readonly=True)
     by_source = {}
     for _, _, g in store.iter_groups():
@@ -76,7 +76,7 @@ def test_a_fixed_group_never_loads_the_trainers_weights(tmp_path, other_policy):
 
     cfg = load_config(TINY, [f"output_dir={tmp_path}", "sft.enabled=false", "runtime=inline", "mode=sync",
                              GROUPS.replace("OTHER", other_policy)])
-    run = build_run(cfg, tmp_path, None, {}, RunState(), log=lambda m: None)
+    run = build_run(cfg, tmp_path, None, {}, RunState())
     policy, hot, other = run.runtime.all
     run.runtime.publish(run.trainer.weights(), 1)
     assert (policy.version, policy.loads) == (1, 1) and (hot.version, hot.loads) == (0, 0) and other.loads == 0

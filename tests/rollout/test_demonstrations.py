@@ -242,7 +242,7 @@ def test_a_run_with_data_draws_it_and_says_so(tmp_path, arith_task):
     cfg = load_config(TINY, [f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}", "runtime=inline",
                              "mode=sync", "data.source=task", "data.bad_rows=skip", "data.share=0.5",
                              "search.max_new_tokens=40", "trainer.steps=4", "eval.every_steps=100"])
-    summary = train(cfg, log=lambda m: None, overwrite=True)
+    summary = train(cfg, overwrite=True)
     assert summary["data"]["kept"] > 0 and summary["buffer_data_samples"] == summary["data"]["kept"]
     assert summary["sources"]["data"]["samples_drawn"] > 0
     with pytest.raises(ConfigError, match="data.share: at most 0.5"):

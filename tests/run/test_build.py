@@ -33,7 +33,7 @@ def test_the_offline_buffer_store_is_closed_after_loading(tmp_path, monkeypatch)
     monkeypatch.setattr("tba.algorithm.buffer.BufferStore", Counting)
     cfg = load_config(None, [f"output_dir={tmp_path / 'run'}", "runtime=offline",
                              f"buffer.source={tmp_path / 'saved'}"])
-    buffer = build.build_buffer(cfg, tmp_path / "run", None, None, log=lambda m: None)
+    buffer = build.build_buffer(cfg, tmp_path / "run", None, None)
     assert len(buffer) == 1 and buffer.store is None
     assert opened and opened == closed
 

@@ -49,7 +49,7 @@ def test_a_stopped_run_exports_its_newest_checkpoint(tmp_path, tiny_model, tiny_
     run = tmp_path / "run"
     ckpt.save(run, step=3, policy=model, tokenizer=tiny_tokenizer, optimizer=optimizer, state={})
     assert main(["export", str(run), str(tmp_path / "out")]) == 0
-    assert "exporting checkpoint step_0000003" in capsys.readouterr().out
+    assert "exporting checkpoint step_0000003" in capsys.readouterr().err  # the log, on stderr
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert all(torch.equal(a, b) for a, b in zip(exported.state_dict().values(), model.state_dict().values(),
                                                   strict=True))

@@ -111,7 +111,7 @@ def test_exact_metrics_at_the_start_measure_the_distance_from_pi_ref_to_pi_star(
 
 def run(tmp_path, *overrides) -> tuple[dict, list[dict]]:
     cfg = load_config("enumerable_cpu", [f"output_dir={tmp_path}", *QUIET, *overrides])
-    summary = train(cfg, log=lambda m: None, overwrite=True)
+    summary = train(cfg, overwrite=True)
     return summary, [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -140,7 +140,7 @@ def foreign_policy(tmp_path_factory):
     from tba.run.build import build_models
 
     cfg = load_config("enumerable_cpu", ["seed=1000"])
-    tokenizer, policy, _, _ = build_models(cfg, build_task(cfg), log=lambda m: None)
+    tokenizer, policy, _, _ = build_models(cfg, build_task(cfg))
     out = tmp_path_factory.mktemp("foreign")
     save_checkpoint(policy, tokenizer, out)
     return out
@@ -194,7 +194,7 @@ def test_never_synced_searchers_stay_at_the_start_across_a_resume(tmp_path):
     base = ["trainer.sync_every_steps=0", "eval.every_steps=100", "checkpoint.every_steps=4"]
     run(tmp_path, *base, "trainer.steps=8")
     cfg = load_config(tmp_path / "config.yaml", ["trainer.steps=12"])
-    train(cfg, log=lambda m: None, resume=True)
+    train(cfg, resume=True)
     metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     after = [m for m in metrics if m["step"] > 8]
     assert after and all(m["searcher/version_min"] == 0 for m in after)

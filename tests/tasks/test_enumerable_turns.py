@@ -75,7 +75,7 @@ def test_the_environment_draws_from_its_table_and_scores_both_answers():
 
 def run(tmp_path, *overrides):
     cfg = load_config("enumerable_turns_cpu", [f"output_dir={tmp_path}", *QUIET, *overrides])
-    summary = train(cfg, log=lambda m: None, overwrite=True)
+    summary = train(cfg, overwrite=True)
     return summary, [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -117,7 +117,7 @@ def test_an_episode_survives_a_checkpoint_and_resume(tmp_path):
     from tba.algorithm.store import BufferStore
 
     run(tmp_path, "trainer.steps=4", "eval.every_steps=100", "checkpoint.every_steps=4")
-    train(load_config(tmp_path / "config.yaml", ["trainer.steps=8"]), log=lambda m: None, resume=True)
+    train(load_config(tmp_path / "config.yaml", ["trainer.steps=8"]), resume=True)
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 8
     stored = {tuple(s.response): s.policy_mask for _, _, g in BufferStore(tmp_path, readonly=True).iter_groups()
               for s in g.samples}

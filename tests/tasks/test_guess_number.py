@@ -53,6 +53,6 @@ def test_tb_learns_to_use_the_feedback(tmp_path):
     cfg = load_config("guess_number_cpu", [f"output_dir={tmp_path}", "trainer.steps=300", "eval.every_steps=300",
                                            "logging.progress=false", "logging.tensorboard=false", "threads=1",
                                            "buffer.persist=false"])
-    s = train(cfg, log=lambda m: None, overwrite=True)
+    s = train(cfg, overwrite=True)
     assert s["eval_start"]["solved_by_turn_3"] < 0.2
     assert s["eval_end"]["solved_by_turn_2"] > 2 / 8

@@ -22,6 +22,7 @@ everything from the newest usable checkpoint plus every group accepted after it 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 
@@ -35,6 +36,8 @@ from tba.rollout.evaluate import Evaluator
 from tba.run.checkpoint import Checkpointer, CheckpointError
 from tba.run.logger import MetricsLogger
 from tba.run.progress import GracefulStop, RunProgress
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,10 @@ class Loop:
 
     def __init__(self, settings: LoopSettings, *, trainer: Trainer, buffer: ReplayBuffer, runtime: Runtime,
                  evaluator: Evaluator, checkpoints: Checkpointer, logger: MetricsLogger, state: RunState,
-                 monitor: Monitor, log=print, resumed: bool = False):
+                 monitor: Monitor, resumed: bool = False):
         self.settings, self.trainer, self.buffer, self.runtime = settings, trainer, buffer, runtime
         self.evaluator, self.checkpoints, self.logger = evaluator, checkpoints, logger
-        self.state, self.monitor, self.log = state, monitor, log
+        self.state, self.monitor = state, monitor
         self.last_ckpt = state.step if resumed else None
         self.consistent = True  # False while an update is half applied: no exit checkpoint then
         self.started = False  # searchers started: only then is there anything to checkpoint at exit
@@ -81,14 +84,14 @@ class Loop:
         if not s.evals:
             self.monitor.training_starts()
             self.evaluate()
-            self.log(f"at start: {self.evaluator.describe(s.evals[-1].metrics)}")
+            logger.info(f"at start: {self.evaluator.describe(s.evals[-1].metrics)}")
         self.runtime.start()  # searchers run from here on (async: continuously)
         self.started = True
         self.monitor.training_starts()
         self.prefill()
         self.monitor.updates_start(s.busy_s)
         bar = RunProgress(u.steps, enabled=u.progress, start=s.step, plain_every_s=u.plain_every_s)
-        with bar as progress, GracefulStop(self.log) as stop:
+        with bar as progress, GracefulStop() as stop:
             while s.step < u.steps:
                 metrics = self.step()
                 progress.update(s.step, reward=s.rewards_seen[-1] if s.rewards_seen else float("nan"),
@@ -114,7 +117,7 @@ class Loop:
         if prefilled or self.state.step == 0:
             buffer.mark_sync(self.state.step)
         if prefilled:
-            self.log(f"buffer prefilled: {self.state.received} completions received, {len(buffer)} unique over "
+            logger.info(f"buffer prefilled: {self.state.received} completions received, {len(buffer)} unique over "
                      f"{buffer.num_prompts} prompts")
         if not len(buffer):
             raise RuntimeError("the replay buffer is empty: nothing to train on")
@@ -168,11 +171,11 @@ class Loop:
         self.consistent = True
         s.busy_s += time.perf_counter() - t_step
         if update["trainer/skipped"]:
-            self.log(f"step {s.step}: non-finite loss or gradient — update skipped, weights untouched "
+            logger.info(f"step {s.step}: non-finite loss or gradient — update skipped, weights untouched "
                      f"({trainer.skipped_steps} so far)")
         if s.step % u.eval_every_steps == 0 or s.step == u.steps:
             evaluation = self.evaluate()
-            self.log(f"step {s.step}: {self.evaluator.describe(evaluation)}")
+            logger.info(f"step {s.step}: {self.evaluator.describe(evaluation)}")
             update.update({f"eval/{k}": v for k, v in evaluation.items()})
         report = self.runtime.report()
         self.warn(self.monitor.dropped_samples(report))
@@ -208,7 +211,7 @@ class Loop:
 
     def warn(self, message: str | None) -> None:
         if message:
-            self.log(message)
+            logger.warning(message)
 
     def totals(self) -> RunTotals:
         report = self.runtime.report()
@@ -233,10 +236,10 @@ class Loop:
         try:
             if self.consistent and self.state.step > 0 and self.last_ckpt != self.state.step and self.started:
                 self.checkpoint()
-                self.log(f"checkpoint written at step {self.state.step}: "
+                logger.info(f"checkpoint written at step {self.state.step}: "
                          f"`tba train --resume {self.checkpoints.run_dir}` continues")
         except CheckpointError as e:  # e.g. the disk filled up: the error being raised matters more
-            self.log(f"exit checkpoint failed: {e}")
+            logger.warning(f"exit checkpoint failed: {e}")
         finally:
             self.runtime.stop()
             self.logger.close()

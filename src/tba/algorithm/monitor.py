@@ -77,7 +77,7 @@ class Monitor:
         if quiet is None or self.warned_no_fresh:
             return None
         self.warned_no_fresh = True
-        return (f"warning: no fresh samples for {quiet:.0f}s ({clock.explain('cap', 'floor')}) — training on an "
+        return (f"no fresh samples for {quiet:.0f}s ({clock.explain('cap', 'floor')}) — training on an "
                 f"aging buffer (mean sample age {age_mean():.1f} versions). A searcher silent past its heartbeat "
                 f"(learnt from its batch times, at most supervision.heartbeat_timeout_s="
                 f"{self.heartbeat_timeout_s:.0f}s) is restarted")

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(0)
         return 2
     command = known[argv[0]]
+    from tba.run.progress import log_to_console  # rich, not torch: cheap
+
+    log_to_console()
     ns = build_parser(command).parse_intermixed_args(argv[1:])
     try:
         return command.run(ns)

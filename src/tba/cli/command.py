@@ -1,5 +1,4 @@
-"""What every `tba` command module shares: its declaration (`Command`), the one-line form of a user's error,
-and the console it logs to."""
+"""What every `tba` command module shares: its declaration (`Command`) and the one-line form of a user error."""
 
 from __future__ import annotations
 
@@ -26,9 +25,3 @@ def user_error(error: BaseException) -> tuple[int, str] | None:
         return None
     label = type(error).__name__ if error.label is None else error.label
     return error.exit_code, f"tba: {label}: {error}" if label else f"tba: {error}"
-
-
-def log(msg: str) -> None:
-    from tba.run.progress import console
-
-    console.print(msg, highlight=False, soft_wrap=True)

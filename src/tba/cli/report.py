@@ -13,7 +13,7 @@ def report(ns: argparse.Namespace) -> int:
 
     runs = [Path(a) for a in ns.runs]
     out = Path(ns.out) if ns.out else runs[0] / "report" if len(runs) == 1 else Path("tba-report")
-    report(runs, out)
+    print(report(runs, out))  # the page, on stdout: what a script reads
     return 0
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 from tba.algorithm.objectives import OBJECTIVES
-from tba.cli.command import Command, log
+from tba.cli.command import Command
 from tba.config import load_config
 from tba.errors import ConfigError
 from tba.tasks import TASKS
+
+logger = logging.getLogger(__name__)
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
@@ -52,14 +55,14 @@ def train(ns: argparse.Namespace) -> int:
     from tba.run.progress import print_summary
 
     try:
-        summary = TBATrainer(args=cfg).train(resume=bool(ns.resume), overwrite=ns.overwrite, log=log)
+        summary = TBATrainer(args=cfg).train(resume=bool(ns.resume), overwrite=ns.overwrite)
     except KeyboardInterrupt:
         return interrupted(cfg)
     if summary:
         print_summary(summary)
-    log(f"run directory: {cfg.output_dir} (summary.json, metrics.jsonl, tensorboard/, checkpoint/; "
+    logger.info(f"run directory: {cfg.output_dir} (summary.json, metrics.jsonl, tensorboard/, checkpoint/; "
         f"buffer.sqlite and checkpoints/ for `tba train --resume {cfg.output_dir}` and `tba buffer`)")
-    log(f"figures: `tba report {cfg.output_dir}`; a servable model: `tba export {cfg.output_dir} OUT_DIR`")
+    logger.info(f"figures: `tba report {cfg.output_dir}`; a servable model: `tba export {cfg.output_dir} OUT_DIR`")
     return 0
 
 
@@ -68,10 +71,10 @@ def sft(ns: argparse.Namespace) -> int:
     from tba.run.train import sft
 
     try:
-        path = sft(cfg, log=log)
+        path = sft(cfg)
     except KeyboardInterrupt:
         return interrupted(cfg)
-    log(f"SFT checkpoint: {path}")
+    logger.info(f"SFT checkpoint: {path}")
     return 0
 
 

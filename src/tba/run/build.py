@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -54,6 +55,8 @@ from tba.tasks.data import DataLoadError
 from tba.tasks.prepare import TaskSpec, apply_chat_template, fit_prompts, prompt_limit
 from tba.tasks.prepare import build_task as build_task_from_spec
 
+logger = logging.getLogger(__name__)
+
 
 # ---- the task and the models ---------------------------------------------------------------------------------
 def task_spec(cfg: RunConfig) -> TaskSpec:
@@ -68,13 +71,13 @@ def build_task(cfg: RunConfig, tokenizer=None) -> Task:
     return build_task_from_spec(task_spec(cfg), tokenizer)
 
 
-def warm_start(cfg: RunConfig, task: Task, log=print) -> Path:
+def warm_start(cfg: RunConfig, task: Task) -> Path:
     """The builtin model's SFT warm start for this config (tba.run.sft), trained on a cache miss."""
     key = cache_key(cfg.task, cfg.model.tiny, cfg.sft, cfg.seed)
-    return sft_warm_start(task, cfg.sft, cfg.model.tiny, seed=cfg.seed, key=key, evaluation=cfg.eval, log=log)
+    return sft_warm_start(task, cfg.sft, cfg.model.tiny, seed=cfg.seed, key=key, evaluation=cfg.eval)
 
 
-def build_models(cfg: RunConfig, task: Task, log=print):
+def build_models(cfg: RunConfig, task: Task):
     """(tokenizer, policy, reference, source). The reference is frozen; by default it is the policy's start.
 
     `source` is where the starting policy can be loaded from again (hub name or directory), so that searchers
@@ -85,7 +88,7 @@ def build_models(cfg: RunConfig, task: Task, log=print):
     if m.policy == "builtin":
         if cfg.sft.enabled:
             with rng_isolated():  # trained now or read from the cache: the run after it is the same
-                source = str(warm_start(cfg, task, log=log))
+                source = str(warm_start(cfg, task))
             tokenizer, policy = load_tokenizer(source), load_model(source, m.dtype)
         else:
             tokenizer = train_tokenizer(task.corpus(), m.tiny.vocab_size)
@@ -107,7 +110,7 @@ def _loadable(source: str | None) -> bool:
     return Path(source).exists() or (not source.startswith(("/", ".", "~")) and source.count("/") == 1)
 
 
-def start_models(cfg: RunConfig, task: Task, out: Path, resume_from: Path | None, state: RunState, log=print):
+def start_models(cfg: RunConfig, task: Task, out: Path, resume_from: Path | None, state: RunState):
     """(tokenizer, policy, reference) for a run, and `state`'s model sources filled in.
 
     The sources are where other processes (and vLLM) load the *starting* models from; searchers then receive
@@ -119,7 +122,7 @@ def start_models(cfg: RunConfig, task: Task, out: Path, resume_from: Path | None
         policy = load_model(str(resume_from / "model"), cfg.model.dtype)
         reference = load_model(state.reference_source, cfg.model.dtype).eval().requires_grad_(False)
         return tokenizer, policy, reference
-    tokenizer, policy, reference, source = build_models(cfg, task, log=log)  # (re)builds the start, e.g. SFT
+    tokenizer, policy, reference, source = build_models(cfg, task)  # (re)builds the start, e.g. SFT
     if source is None:
         source = str(out / "init")
         save_checkpoint(policy, tokenizer, Path(source))
@@ -130,7 +133,7 @@ def start_models(cfg: RunConfig, task: Task, out: Path, resume_from: Path | None
 
 
 # ---- the components ------------------------------------------------------------------------------------------
-def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_state: dict | None, log=print):
+def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_state: dict | None):
     """The replay buffer: restored from RUN_DIR/buffer.sqlite on resume (and persisted there as it fills),
     or, for runtime=offline, loaded once from `buffer.source` (read-only, closed after loading)."""
     b, d = cfg.buffer, cfg.data
@@ -140,7 +143,7 @@ def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_sta
         store = buffer.open(b.source, readonly=True)
         try:
             buffer.restore(buffer_state)
-            log(f"offline: {buffer.groups_added} groups ({len(buffer)} samples in memory) from {store.path}")
+            logger.info(f"offline: {buffer.groups_added} groups ({len(buffer)} samples in memory) from {store.path}")
         finally:
             buffer.close()
         return buffer
@@ -148,15 +151,15 @@ def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_sta
         store = buffer.open(out)
         if resume_from is not None or store.num_groups():
             later = buffer.restore(buffer_state)
-            log(f"buffer restored: {buffer.groups_added} groups ({len(buffer)} samples in memory), "
+            logger.info(f"buffer restored: {buffer.groups_added} groups ({len(buffer)} samples in memory), "
                 f"{later} of them accepted after the checkpoint")
     elif resume_from is not None:
         raise CheckpointError("buffer.persist=false: this run has no saved buffer to resume from")
     return buffer
 
 
-def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: dict[str, int], tokenizer, reference,
-             log=print) -> dict | None:
+def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: dict[str, int], tokenizer,
+             reference) -> dict | None:
     """`data.source`'s completions into the buffer (tba.rollout.demonstrations), once: a buffer restored with them
     keeps them.
     Returns what became of the rows, for the summary (None when nothing was read)."""
@@ -170,10 +173,10 @@ def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: di
     if not groups:
         raise DataLoadError(f"data.source: {d.source}: no usable row ({report.line(d.name)})")
     buffer.extend(groups, step=0)  # one transaction: every group of the data, or none
-    log(report.line(d.name) + f"; over {len(groups)} prompts, drawn at data.share={d.share}")
+    logger.info(report.line(d.name) + f"; over {len(groups)} prompts, drawn at data.share={d.share}")
     warning = target_weight_warning(groups, cfg.tb.beta_final) if cfg.objective == "tb" else None
     if warning:
-        log(f"warning: {warning}")
+        logger.warning(warning)
     return {**dataclasses.asdict(report), "target_weight_warning": warning}
 
 
@@ -247,13 +250,13 @@ def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[Se
 
 
 def build_runtime(cfg: RunConfig, *, task: Task, tokenizer, policy, reference, sources: ModelSources, limit: int,
-                  version: int = 0, states: list[dict] | None = None, log=print) -> Runtime:
+                  version: int = 0, states: list[dict] | None = None) -> Runtime:
     """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from `policy` (the behaviour
     policy) at `version`; on resume `states` are the searchers' checkpointed states."""
     weights = {k: v.detach() for k, v in synced_tensors(policy).items()}
     parts = RuntimeParts(searchers=searcher_specs(cfg, sources, limit), weights=weights, version=version,
                          states=states, sync=cfg.mode == "sync", transport=cfg.search.weight_transport,
-                         supervision=cfg.supervision, ray=cfg.ray, log=log,
+                         supervision=cfg.supervision, ray=cfg.ray,
                          inline=InlineParts(task, tokenizer, policy, reference))
     return load_object(RUNTIMES[cfg.runtime].target, "runtime")(parts)
 
@@ -300,31 +303,30 @@ class Run:
     segment."""
 
 
-def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state: RunState,
-              log=print) -> Run:
+def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state: RunState) -> Run:
     """Task, models (on their device), trainer (restored on resume), buffer and runtime, in that order.
     `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.algorithm.state.RunState."""
     task = build_task(cfg)
     prompt_ids = {p.text.strip(): p.id for p in task.train}  # as the task wrote them, before any chat template
-    tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state, log)
+    tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state)
     device = resolve_device(cfg.model.device)
     policy, reference = policy.to(device), reference.to(device)
     apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)  # now that the tokenizer exists
     limit = prompt_limit(cfg.task.max_prompt_tokens, policy, max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens))
     fitted = fit_prompts(task, tokenizer, limit, cfg.task.long_prompts)
     if fitted["prompts_too_long"]:
-        log(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
+        logger.info(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
             f"{'truncated' if cfg.task.long_prompts == 'truncate' else 'skipped'} (task.long_prompts)")
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     lora = "" if trainable == num_parameters(policy) else f" ({trainable / 1e6:.2f}M trainable, LoRA)"
-    log(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
+    logger.info(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
         f"policy {num_parameters(policy) / 1e6:.2f}M params{lora} on {device}; "
         f"runtime {cfg.runtime}, mode {cfg.mode}")
     trainer = build_trainer(cfg, policy, reference, tokenizer)
     if resume_from is not None:
         trainer.load_state(resume_from, checkpoint)
-    buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), log)
-    data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference, log=log)
+    buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"))
+    data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
     sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
                            tokenizer=state.policy_source)
     behaviour, version = policy, trainer.version
@@ -334,8 +336,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         if cfg.model.lora.enabled:
             behaviour = apply_lora(behaviour, cfg.model.lora)  # B = 0: the base, under the trainer's tensor names
     runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
-                            sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"),
-                            log=log)
+                            sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"))
     evaluator = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
                           limits=Limits.of(cfg.search, cfg.eval.max_new_tokens))
     identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}

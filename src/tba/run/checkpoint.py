@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +42,8 @@ from safetensors.torch import load_file, save_file
 
 from tba.algorithm.seeding import rng_state
 from tba.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 STATE = "state.json"
 TENSORS = "tensors.safetensors"
@@ -115,7 +116,7 @@ def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict,
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            previous = latest(run_dir, log=lambda msg: None)
+            previous = latest(run_dir, quiet=True)
         except CheckpointError:
             previous = None
         why = "disk full" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "cannot write"
@@ -146,11 +147,11 @@ class Checkpointer:
         return buffer_marks(self.run_dir)
 
 
-def latest(run_dir: Path, log: Callable[[str], None] | None = None) -> Path | None:
+def latest(run_dir: Path, quiet: bool = False) -> Path | None:
     """Newest usable checkpoint: the one `latest` names, else the highest step, as long as it is complete
-    and its files are intact (`problems`); a damaged one is passed over for the next, with a warning through
-    `log` (default: warnings.warn). None if there is no complete checkpoint at all; CheckpointError naming
-    every bad file if there are complete ones but none is usable."""
+    and its files are intact (`problems`); a damaged one is passed over for the next, with a logged warning
+    (`quiet`: none). None if there is no complete checkpoint at all; CheckpointError naming every bad file if there
+    are complete ones but none is usable."""
     root = Path(run_dir) / "checkpoints"
     done = [p for p in sorted(root.glob("step_*"), reverse=True) if not p.name.endswith(".tmp") and _complete(p)]
     named = root / "latest"
@@ -164,10 +165,8 @@ def latest(run_dir: Path, log: Callable[[str], None] | None = None) -> Path | No
             if bad:
                 skipped = "; ".join(f"{p.name} ({', '.join(f)})" for p, f in bad)
                 msg = f"unusable checkpoint(s) skipped: {skipped}; using {path} instead"
-                if log is None:
-                    warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                else:
-                    log(f"warning: {msg}")
+                if not quiet:
+                    logger.warning(msg)
             return path
         bad.append((path, found))
     if bad:

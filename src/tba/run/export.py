@@ -9,6 +9,7 @@ with its chat template when it has one. The export is then loaded back with
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import yaml
@@ -18,20 +19,22 @@ import tba.run.checkpoint as ckpt
 from tba.errors import UserError
 from tba.models import load_model, load_tokenizer
 
+logger = logging.getLogger(__name__)
+
 
 class ExportError(UserError, RuntimeError):
     """Nothing to export, or the export could not be written or read back."""
 
 
-def policy_source(run_dir: Path, log=print) -> Path:
+def policy_source(run_dir: Path) -> Path:
     """Where the run's newest policy is: its final checkpoint, else its newest usable full checkpoint."""
     final = run_dir / "checkpoint"
     if (final / "config.json").is_file() or (final / "adapter_config.json").is_file():
         return final
-    latest = ckpt.latest(run_dir, log=log)
+    latest = ckpt.latest(run_dir)
     if latest is None:
         raise ExportError(f"{run_dir}: no final policy (checkpoint/) and no full checkpoint (checkpoints/) to export")
-    log(f"{run_dir} has no final policy (stopped early?): exporting checkpoint {latest.name}")
+    logger.info(f"{run_dir} has no final policy (stopped early?): exporting checkpoint {latest.name}")
     return latest / "model"
 
 
@@ -45,18 +48,18 @@ def saved_dtype(run_dir: Path) -> str:
     return ((config or {}).get("model") or {}).get("dtype") or "float32"
 
 
-def export(run_dir: str | Path, out_dir: str | Path, log=print) -> Path:
+def export(run_dir: str | Path, out_dir: str | Path) -> Path:
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir}: no such run directory")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ExportError(f"{out_dir} exists and is not empty: choose a new directory")
     dtype = saved_dtype(run_dir)
-    source = policy_source(run_dir, log)
+    source = policy_source(run_dir)
     model, tokenizer = load_model(str(source), dtype), load_tokenizer(str(source))
     if getattr(model, "peft_config", None):
         model = model.merge_and_unload()  # W ← W + (α/r)·B·A in every adapted layer; plain modules again
-        log(f"LoRA adapters of {source} merged into the base model")
+        logger.info(f"LoRA adapters of {source} merged into the base model")
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -66,6 +69,6 @@ def export(run_dir: str | Path, out_dir: str | Path, log=print) -> Path:
     except (OSError, ValueError) as e:
         raise ExportError(f"the export in {out_dir} does not load back: {e}") from e
     template = " with its chat template" if getattr(tokenizer, "chat_template", None) else ""
-    log(f"exported {source} → {out_dir} (safetensors, tokenizer{template}); "
+    logger.info(f"exported {source} → {out_dir} (safetensors, tokenizer{template}); "
         f"load with AutoModelForCausalLM.from_pretrained({str(out_dir)!r}) or vllm.LLM({str(out_dir)!r})")
     return out_dir

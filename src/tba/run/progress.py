@@ -1,7 +1,15 @@
-"""What a person sees and does while a run goes: the live progress bar, Ctrl-C, the before/after table."""
+"""What a person sees and does while a run goes: its log lines, the live progress bar, Ctrl-C, the before/after
+table.
+
+Every module logs through stdlib `logging` (`logging.getLogger(__name__)`, under the `tba` logger); the front doors
+(the `tba` command, `TBATrainer.train`) call `log_to_console` once, which prints INFO and above on stderr through
+the same rich console as the progress bar (so the two never garble each other), as plain lines without a
+terminal. A program that configures logging itself keeps its own handlers: the API then adds none.
+"""
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -18,7 +26,32 @@ from rich.progress import (
 )
 from rich.table import Table
 
+logger = logging.getLogger(__name__)
+
 console = Console(stderr=True)
+
+
+class ConsoleHandler(logging.Handler):
+    """One log line per record on the console, as the user reads it: the message (a warning says so first)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            prefix = {logging.WARNING: "warning: ", logging.ERROR: "error: "}.get(record.levelno, "")
+            console.print(prefix + record.getMessage(), highlight=False, soft_wrap=True, markup=False)
+        except Exception:
+            self.handleError(record)
+
+
+def log_to_console(only_if_unconfigured: bool = False) -> None:
+    """Print tba's log (INFO and above) on the console, once. `only_if_unconfigured`: not when the program has
+    configured logging itself (a handler on the root or the `tba` logger): the API's way in."""
+    tba = logging.getLogger("tba")
+    if any(isinstance(h, ConsoleHandler) for h in tba.handlers):
+        return
+    if only_if_unconfigured and (logging.getLogger().handlers or tba.handlers):
+        return
+    tba.addHandler(ConsoleHandler())
+    tba.setLevel(logging.INFO)
 
 
 class RunProgress:
@@ -70,14 +103,14 @@ def _clock(seconds: float) -> str:
 class GracefulStop:
     """First Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second Ctrl-C: stop at once."""
 
-    def __init__(self, log):
-        self.log, self.requested, self._previous = log, False, {}
+    def __init__(self):
+        self.requested, self._previous = False, {}
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
-        self.log(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again: now)")
+        logger.info(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again: now)")
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from pathlib import Path
 import yaml
 
 from tba.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 
 class ReportError(UserError, ValueError):
@@ -270,7 +273,7 @@ def render_html(runs: list[Run], figures: list[tuple[str, Path]]) -> str:
     return "\n".join(parts)
 
 
-def report(run_dirs: list[Path], out: Path, log=print) -> Path:
+def report(run_dirs: list[Path], out: Path) -> Path:
     """Read each run dir, write the PNGs and report.html into `out`, return report.html's path."""
     runs = [load_run(Path(p)) for p in run_dirs]
     if not runs:
@@ -290,14 +293,13 @@ def report(run_dirs: list[Path], out: Path, log=print) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for r in runs:
         if r.bad_lines:
-            log(f"{r.path}: skipped {r.bad_lines} unparseable line(s) in metrics.jsonl (cut mid-write?)")
+            logger.warning(f"{r.path}: skipped {r.bad_lines} unparseable line(s) in metrics.jsonl (cut mid-write?)")
         if r.summary is None:
-            log(f"{r.path}: no summary.json — running or killed, last step {int(r.rows[-1]['step'])}")
+            logger.warning(f"{r.path}: no summary.json — running or killed, last step {int(r.rows[-1]['step'])}")
     figures = []
     for fname, title, panels in [*FIGURES, *source_figure(runs)]:
         plot_figure(plt, runs, panels, out / fname)
         figures.append((title, out / fname))
     page = out / "report.html"
     page.write_text(render_html(runs, figures), encoding="utf-8")
-    log(str(page))
     return page

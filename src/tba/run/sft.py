@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -26,6 +27,8 @@ from tba.models import save_checkpoint
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.sources import cache_dir
 from tba.rollout.evaluate import greedy_accuracy
+
+logger = logging.getLogger(__name__)
 
 
 def cache_root(sft: SFTConfig) -> Path:
@@ -60,7 +63,7 @@ def _batch(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch
 
 
 def train_sft(model, tokenizer, task, sft: SFTConfig, *, seed: int, evaluation: EvalConfig, steps: int | None = None,
-              log=print, time_budget_s: float | None = None, constant_lr: float | None = None) -> dict:
+              time_budget_s: float | None = None, constant_lr: float | None = None) -> dict:
     """Run SFT in place on `model`. Returns a small history (step, loss, accuracy) for reporting; held-out
     accuracy is greedy, at `evaluation`'s generation budget and batch size.
 
@@ -96,7 +99,7 @@ def train_sft(model, tokenizer, task, sft: SFTConfig, *, seed: int, evaluation: 
             model.train()
             history.append({"step": step, "loss": loss.item(), "test_accuracy": acc,
                             "elapsed_s": time.perf_counter() - t0})
-            log(f"sft step {step}/{steps}  loss {loss.item():.3f}  test acc {acc:.3f}  "
+            logger.info(f"sft step {step}/{steps}  loss {loss.item():.3f}  test acc {acc:.3f}  "
                 f"({time.perf_counter() - t0:.0f}s)")
         if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
             break
@@ -120,23 +123,22 @@ def plateau_warning(history: list[dict], window: int = 4, rise: float = 0.02) ->
             f"learn (bench/results/learning/seed_robustness.md). Raise sft.steps.")
 
 
-def warm_start(task, sft: SFTConfig, tiny: TinyModelConfig, *, seed: int, key: str, evaluation: EvalConfig,
-               log=print) -> Path:
+def warm_start(task, sft: SFTConfig, tiny: TinyModelConfig, *, seed: int, key: str, evaluation: EvalConfig) -> Path:
     """Return a directory holding the SFT'd built-in model and tokenizer, training it on a cache miss.
     `key`: `cache_key` of the settings that made it."""
     path = cache_root(sft) / f"sft-{task.name}-{key}"
     if (path / "config.json").is_file() and (path / "sft.json").is_file():
-        log(f"SFT warm start: using cached checkpoint {path}")
+        logger.info(f"SFT warm start: using cached checkpoint {path}")
         if warning := plateau_warning(json.loads((path / "sft.json").read_text()).get("history", [])):
-            log(warning)
+            logger.warning(warning)
         return path
-    log(f"SFT warm start: no cached checkpoint, training one ({sft.steps} steps) → {path}")
+    logger.info(f"SFT warm start: no cached checkpoint, training one ({sft.steps} steps) → {path}")
     tokenizer = train_tokenizer(task.corpus(), tiny.vocab_size)
     model = build_tiny_model(tokenizer, tiny, seed=seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet: SFT gets every core
     try:
-        result = train_sft(model, tokenizer, task, sft, seed=seed, evaluation=evaluation, log=log)
+        result = train_sft(model, tokenizer, task, sft, seed=seed, evaluation=evaluation)
     finally:
         torch.set_num_threads(threads)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -146,5 +148,5 @@ def warm_start(task, sft: SFTConfig, tiny: TinyModelConfig, *, seed: int, key: s
         shutil.rmtree(path)
     tmp.rename(path)
     if warning := plateau_warning(result["history"]):
-        log(warning)
+        logger.warning(warning)
     return path

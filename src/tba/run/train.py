@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -28,19 +29,21 @@ from tba.run.logger import MetricsLogger
 from tba.run.summary import run_summary
 from tba.runtime import forkserver
 
+logger = logging.getLogger(__name__)
 
-def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = False,
+
+def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
           callbacks: list | None = None) -> dict:
     """Compose a run — fresh, or resumed from the newest usable checkpoint of `cfg.output_dir` — and run the
     loop (tba.algorithm.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json). `callbacks`
     are called as fn(step, metrics) after every update."""
     out = Path(cfg.output_dir)
     rundir.prepare(out, resume=resume, overwrite=overwrite)
-    resume_from = ckpt.latest(out, log=log) if resume else None
+    resume_from = ckpt.latest(out) if resume else None
     checkpoint = ckpt.load(resume_from) if resume_from else {}
     state = RunState.from_checkpoint(checkpoint)
     if resume_from is not None and state.step >= cfg.trainer.steps:
-        log(f"{out}: already finished at step {state.step} (trainer.steps={cfg.trainer.steps}); "
+        logger.info(f"{out}: already finished at step {state.step} (trainer.steps={cfg.trainer.steps}); "
             "pass trainer.steps=N to continue training")
         return json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
     save_config(cfg, out / "config.yaml")
@@ -49,19 +52,19 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
     torch.set_num_threads(cfg.threads or default_threads(searchers, cfg.runtime)[0])
     seed_everything(cfg.seed)
     t_run = time.perf_counter()
-    run = build_run(cfg, out, resume_from, checkpoint, state, log)
+    run = build_run(cfg, out, resume_from, checkpoint, state)
     if resume_from is not None:
         state.resumed_at.append(state.step)
         moved = rundir.set_aside_metrics(out, state.step)
-        log(f"resuming {out} from {resume_from.name} (step {state.step}); "
+        logger.info(f"resuming {out} from {resume_from.name} (step {state.step}); "
             f"{moved} metric lines of the interrupted segment moved to metrics.interrupted.jsonl")
-    logger = MetricsLogger(out, cfg.logging, plain(to_dict(cfg)), callbacks)
+    metrics = MetricsLogger(out, cfg.logging, plain(to_dict(cfg)), callbacks)
     if resume_from is not None:
         set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
     monitor = Monitor(dataclasses.replace(state), t_run, cfg.supervision.heartbeat_timeout_s)
     loop = Loop(loop_settings(cfg), trainer=run.trainer, buffer=run.buffer, runtime=run.runtime,
                 evaluator=run.evaluator, checkpoints=Checkpointer(out, run.policy, run.tokenizer, cfg.checkpoint.keep),
-                logger=logger, state=state, monitor=monitor, log=log, resumed=resume_from is not None)
+                logger=metrics, state=state, monitor=monitor, resumed=resume_from is not None)
     try:
         totals = loop.run()
     finally:
@@ -73,8 +76,8 @@ def train(cfg: RunConfig, log=print, *, resume: bool = False, overwrite: bool = 
     return summary
 
 
-def sft(cfg: RunConfig, log=print) -> Path:
+def sft(cfg: RunConfig) -> Path:
     """`tba sft`: build (or reuse) the cached SFT warm start of the builtin model."""
     if cfg.model.policy != "builtin":
         raise ConfigError("model.policy: tba sft builds the builtin model's warm start (model.policy=builtin)")
-    return warm_start(cfg, build_task(cfg), log=log)
+    return warm_start(cfg, build_task(cfg))

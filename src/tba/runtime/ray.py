@@ -29,6 +29,7 @@ no authentication: keep them on a private network.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
@@ -39,6 +40,8 @@ from tba.runtime.specs import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
 from tba.runtime.worker import RuntimeParts, SearcherError, WorkerStats, build_searcher, restore_searcher
+
+logger = logging.getLogger(__name__)
 
 try:
     import ray
@@ -201,7 +204,7 @@ class RayRuntime(WorkerRuntime):
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
                 raise SearcherError(f"searcher {i} could not be restored after a restart:\n{e}") from None
             del self._recovering[i]
-            self.log(f"searcher {i} is back (restarted by Ray, state restored)")
+            logger.info(f"searcher {i} is back (restarted by Ray, state restored)")
             if not self.sync:
                 for _ in range(self.pipeline_depth):
                     self._submit(i)

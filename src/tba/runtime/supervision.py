@@ -12,6 +12,7 @@ actor is the runtime's; it calls `charge` first, then acts.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from tba.algorithm.runtime import RuntimeReport
@@ -19,10 +20,12 @@ from tba.algorithm.timeout import LearntTimeout
 from tba.config.schema import SupervisionConfig
 from tba.runtime.worker import RuntimeParts, SearcherError, WorkerStats, worker_report
 
+logger = logging.getLogger(__name__)
+
 
 class Supervisor:
-    def __init__(self, num_searchers: int, supervision: SupervisionConfig, log=print):
-        self.cfg, self.log, self.restarts = supervision, log, 0
+    def __init__(self, num_searchers: int, supervision: SupervisionConfig):
+        self.cfg, self.restarts = supervision, 0
         self.clocks = [LearntTimeout(supervision.heartbeat_timeout_s, supervision.heartbeat_floor_s)
                        for _ in range(num_searchers)]
         self.starting_since: list[float | None] = [None] * num_searchers
@@ -37,10 +40,10 @@ class Supervisor:
             raise SearcherError(f"searcher {rank} {why}\nrestart limit reached (supervision.max_restarts={limit}, "
                                 f"{self.restarts} restarts so far): stopping the run")
         self.restarts += 1
-        self.log(f"searcher {rank} {why.splitlines()[0] if why else ''} — {action} "
+        logger.warning(f"searcher {rank} {why.splitlines()[0] if why else ''} — {action} "
                  f"({self.restarts}/{limit} restarts used)")
         if why and "\n" in why:
-            self.log(why)
+            logger.warning(why)
 
     # ---- the heartbeat ---------------------------------------------------------------------------------------
     def due(self, rank: int) -> None:
@@ -91,9 +94,9 @@ class WorkerRuntime:
     count, the per-rank records a restart resumes from, and the supervisor."""
 
     def __init__(self, parts: RuntimeParts):
-        self.specs, self.supervision, self.log = parts.searchers, parts.supervision, parts.log
+        self.specs, self.supervision = parts.searchers, parts.supervision
         n = len(self.specs)
-        self.supervisor = Supervisor(n, parts.supervision, parts.log)
+        self.supervisor = Supervisor(n, parts.supervision)
         self._states: list[dict | None] = list(parts.states) if parts.states else [None] * n
         self._stats: dict[int, WorkerStats] = {}
         self._placement: list[dict] = []

@@ -6,7 +6,6 @@ the loop is written against, and the `RuntimeReport` it reads back — is tba.al
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +58,6 @@ class RuntimeParts:
     supervision: SupervisionConfig
     ray: RayConfig
     inline: InlineParts | None = None
-    log: Callable[[str], None] = print
 
 
 def build_searcher(spec: SearcherSpec, state: dict | None = None) -> Searcher:
