@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from tba.algorithm.objectives import OBJECTIVES
-from tba.algorithm.objectives.tb import vargrad_tb_loss
+from tba.algorithm.objectives.tb import beta_schedule, vargrad_tb_loss
+from tba.algorithm.objectives.tba_prime import ResettingReference
 from tba.algorithm.trainer import Trainer, lr_factor
 from tba.algorithm.types import Draw
-from tba.config.schema import SearchConfig, TBConfig, TrainerConfig
+from tba.config.schema import BaselineConfig, SearchConfig, TBConfig, TrainerConfig
 from tba.models.generation import response_logprobs
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
@@ -62,8 +63,9 @@ def draws(tiny_model, tiny_tokenizer, arith_task):
 def _trainer(model, tok, micro_batch_prompts=4, lr=1e-2):
     cfg = TrainerConfig(steps=10, lr=lr, prompts_per_step=4, samples_per_prompt=K,
                         micro_batch_prompts=micro_batch_prompts)
-    return Trainer(copy.deepcopy(model), OBJECTIVES["tb"], cfg, TBConfig(beta_init=0.05, beta_final=0.05),
-                   temperature=0.7, pad_id=tok.pad_token_id)
+    return Trainer(copy.deepcopy(model), OBJECTIVES["tb"].bind(TBConfig(), BaselineConfig(), max_tokens=8), cfg,
+                   beta=beta_schedule(TBConfig(beta_init=0.05, beta_final=0.05)), temperature=0.7,
+                   pad_id=tok.pad_token_id)
 
 
 def _params(model):
@@ -145,8 +147,11 @@ def test_a_sample_without_behaviour_logprobs_is_an_error_for_ratio_objectives(ti
                 for d in draws]
     cfg = TrainerConfig(steps=10, lr=1e-2, prompts_per_step=4, samples_per_prompt=K, micro_batch_prompts=4)
     for objective in ("dr_grpo", "tba_prime"):
-        trainer = Trainer(copy.deepcopy(tiny_model), OBJECTIVES[objective], cfg, TBConfig(), temperature=0.7,
-                          pad_id=tiny_tokenizer.pad_token_id, max_tokens=8, reference=copy.deepcopy(tiny_model))
+        own = ResettingReference(copy.deepcopy(tiny_model), None) if OBJECTIVES[objective].owns_reference else None
+        trainer = Trainer(copy.deepcopy(tiny_model), OBJECTIVES[objective].bind(TBConfig(), BaselineConfig(),
+                                                                                 max_tokens=8),
+                          cfg, beta=beta_schedule(TBConfig()), temperature=0.7, pad_id=tiny_tokenizer.pad_token_id,
+                          reference=own)
         with pytest.raises(ValueError, match="behaviour log-probs"):
             trainer.step(stripped)
         assert trainer.version == 0
@@ -160,7 +165,8 @@ def test_dropout_is_off_during_updates(tiny_model, tiny_tokenizer, draws):
         if hasattr(m, "attention_dropout"):
             m.attention_dropout = 0.5
     cfg = TrainerConfig(steps=10, lr=1e-12, prompts_per_step=4, samples_per_prompt=K, micro_batch_prompts=4)
-    trainer = Trainer(model, OBJECTIVES["tb"], cfg, TBConfig(), temperature=0.7, pad_id=tiny_tokenizer.pad_token_id)
+    trainer = Trainer(model, OBJECTIVES["tb"].bind(TBConfig(), BaselineConfig(), max_tokens=8), cfg,
+                      beta=beta_schedule(TBConfig()), temperature=0.7, pad_id=tiny_tokenizer.pad_token_id)
     first, second = trainer.step(draws), trainer.step(draws)
     assert first["trainer/logp_mean"] == pytest.approx(second["trainer/logp_mean"], abs=1e-5)
     assert not model.training

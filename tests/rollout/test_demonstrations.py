@@ -13,6 +13,7 @@ from paths import TINY as TINY_RECIPE
 
 from tba.algorithm.buffer import NothingYoungEnough, ReplayBuffer
 from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.objectives.tb import beta_schedule
 from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw, Group, Sample
 from tba.config import ConfigError, load_config
@@ -215,9 +216,9 @@ def test_a_demonstration_moves_the_policy_toward_it_beside_searcher_samples_not_
 
     def train(group: list[Sample], steps=10):
         model = copy.deepcopy(tiny_model)
-        trainer = Trainer(model, OBJECTIVES["tb"], TrainerConfig(lr=1e-2, prompts_per_step=1, samples_per_prompt=4,
-                                                                  micro_batch_prompts=1), TBConfig(),
-                          temperature=0.7, pad_id=tiny_tokenizer.pad_token_id)
+        cfg = TrainerConfig(lr=1e-2, prompts_per_step=1, samples_per_prompt=4, micro_batch_prompts=1)
+        trainer = Trainer(model, OBJECTIVES["tb"].bind(TBConfig(), None, max_tokens=8), cfg,
+                          beta=beta_schedule(TBConfig()), temperature=0.7, pad_id=tiny_tokenizer.pad_token_id)
         for _ in range(steps):
             metrics = trainer.step([Draw(0, prompt, group, online=False, data=True)])
         return logp(model), metrics

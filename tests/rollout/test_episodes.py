@@ -9,6 +9,8 @@ import torch
 from chars import CharTokenizer
 
 from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.objectives.tb import beta_schedule
+from tba.algorithm.objectives.tba_prime import ResettingReference
 from tba.algorithm.store import BufferStore
 from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw, Group, Sample
@@ -133,25 +135,24 @@ def test_every_objective_sees_only_the_policys_tokens(tiny, name):
     draw, prompt, responses, masks = episode_draw(tok, model)
     seen = {}
     objective = OBJECTIVES[name]
+    loss = objective.bind(TBConfig(), BaselineConfig(), max_tokens=8)
 
-    class Spy:
-        def __getattr__(self, key):
-            return getattr(objective, key)
+    class Spy:  # the bound loss, recording what the trainer hands it
+        name, reads_behaviour = loss.name, loss.reads_behaviour
 
-        def loss(self, **kw):
+        def __call__(self, **kw):
             seen.update(kw)
-            return objective.loss(**kw)
+            return loss(**kw)
 
-    trainer = Trainer(copy.deepcopy(model), Spy(), TrainerConfig(lr=0.0), TBConfig(), temperature=1.0,
-                      pad_id=tok.pad_token_id, baselines=BaselineConfig(), max_tokens=8,
-                      reference=copy.deepcopy(model) if objective.owns_reference else None)
+    own = ResettingReference(copy.deepcopy(model), None) if objective.owns_reference else None
+    trainer = Trainer(copy.deepcopy(model), Spy(), TrainerConfig(lr=0.0), beta=beta_schedule(TBConfig()),
+                      temperature=1.0, pad_id=tok.pad_token_id, reference=own)
     metrics = trainer.step([draw])
     expected_mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 0, 0, 1, 1, 0]], dtype=torch.float32)
     assert torch.equal(seen["mask"], expected_mask)
     logp, pad = response_logprobs(model, [prompt] * 2, responses, 1.0, tok.pad_token_id)
-    hand = objective.loss(logp=logp.detach(), mask=pad * expected_mask, ref_logp=seen["ref_logp"],
-                          behaviour_logp=seen["behaviour_logp"], reward=seen["reward"], group=seen["group"],
-                          beta=seen["beta"], baselines=BaselineConfig(), tb=TBConfig(), max_tokens=8)
+    hand = loss(logp=logp.detach(), mask=pad * expected_mask, ref_logp=seen["ref_logp"],
+                behaviour_logp=seen["behaviour_logp"], reward=seen["reward"], group=seen["group"], beta=seen["beta"])
     assert metrics["trainer/loss"] == pytest.approx(hand.item(), rel=1e-5, abs=1e-6)
     if name == "tb":  # by hand: log π(τ) is the sum over the policy's tokens only
         beta = seen["beta"]

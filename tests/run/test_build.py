@@ -6,6 +6,7 @@ from tba.algorithm.objectives import OBJECTIVES
 from tba.algorithm.store import BufferStore
 from tba.algorithm.types import Group, Sample
 from tba.config import ConfigError, load_config
+from tba.config.schema import BaselineConfig, TBConfig
 from tba.plugins import load_object
 from tba.rollout.samplers import SAMPLERS
 from tba.run import build
@@ -41,7 +42,7 @@ def test_the_offline_buffer_store_is_closed_after_loading(tmp_path, monkeypatch)
 def test_every_registered_objective_and_task_is_accepted_by_config_validation():
     for name in OBJECTIVES:
         assert load_config(None, [f"objective={name}"]).objective == name
-        assert callable(OBJECTIVES[name].fn)
+        assert callable(OBJECTIVES[name].bind(TBConfig(), BaselineConfig(), max_tokens=8).fn)
     for name, spec in TASKS.items():
         policy = [] if spec.builtin_model else ["model.policy=some/model"]
         assert load_config(None, [f"task.name={name}", *policy]).task.name == name

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tba.algorithm.objectives import OBJECTIVES
+from tba.algorithm.objectives.tb import beta_schedule
 from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw, Sample
 from tba.config import ConfigError, load_config
@@ -94,8 +95,9 @@ def test_enumeration_is_the_samplers_support_and_the_trainers_log_prob(small):
 
     # the trainer scores the same responses identically (its logp_mean metric, before an lr-0 update)
     samples = [Sample(list(r), [0.0] * len(r), 0.0, 0, b) for r, b in out[:16]]
-    trainer = Trainer(copy.deepcopy(model), OBJECTIVES["tb"], TrainerConfig(lr=0.0), TBConfig(),
-                      temperature=temperature, pad_id=tok.pad_token_id)
+    trainer = Trainer(copy.deepcopy(model), OBJECTIVES["tb"].bind(TBConfig(), None, max_tokens=8),
+                      TrainerConfig(lr=0.0), beta=beta_schedule(TBConfig()), temperature=temperature,
+                      pad_id=tok.pad_token_id)
     metrics = trainer.step([Draw(0, prompt, samples, True)])
     assert metrics["trainer/logp_mean"] == pytest.approx(sum(logp[tuple(s.response)] for s in samples) / 16, abs=1e-4)
 

@@ -225,7 +225,8 @@ class Loop:
                                     rewards_dropped=t.dropped)
         self.buffer.snapshot()  # on disk before the checkpoint that names it
         trainer = self.trainer
-        self.checkpoints.save(self.state.step, optimizer=trainer.optimizer, reference=trainer.reference,
+        own_reference = trainer.reference.model if trainer.reference is not None else None  # TBA′'s
+        self.checkpoints.save(self.state.step, optimizer=trainer.optimizer, reference=own_reference,
                               state=CheckpointState(state, trainer.version, trainer.skipped_steps,
                                                     self.buffer.state_dict(), self.runtime.report().states).to_json())
         self.last_ckpt = self.state.step

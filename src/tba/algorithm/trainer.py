@@ -1,10 +1,14 @@
-"""Trainer: one optimizer step of the TB objective on a batch of buffer draws.
+"""Trainer: one optimizer step of an objective (TB by default) on a batch of buffer draws.
 
 AdamW; the LR is set from the schedule at the start of each update (the paper steps its scheduler once
 before each optimizer step). Gradient accumulation groups whole prompts: each micro-batch holds
 `micro_batch_prompts` prompt groups, so the per-group log Ẑ is exact and the summed micro-batch losses
 equal the full-batch mean. `version` counts the updates applied; it is the policy version that the
 trainer publishes to searchers.
+
+The objective arrives bound to its settings (a `Loss`, tba.algorithm.objectives) and β as a schedule, so the
+trainer knows no objective's configuration. An objective that scores π_ref itself (TBA′) brings its own
+reference model (`OwnReference`); every other one uses the searchers' π_ref log-probs stored with each sample.
 
 Dropout is off: the policy is kept in eval mode, gradients flow all the same. TB's residual compares
 log π_θ(y|x) with the searchers' log π_ref(y|x); dropout would add noise to one side only (the paper's
@@ -15,17 +19,32 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from tba.algorithm.objectives import Objective
-from tba.algorithm.objectives.tb import beta_at, vargrad_log_z
+from tba.algorithm.objectives import Loss
+from tba.algorithm.objectives.tb import vargrad_log_z
 from tba.algorithm.types import Draw
-from tba.config.schema import BaselineConfig, TBConfig, TrainerConfig
-from tba.models import load_model, synced_tensors
+from tba.config.schema import TrainerConfig
+from tba.models import synced_tensors
 from tba.models.generation import response_logprobs
-from tba.run.checkpoint import load_optimizer
+
+
+class OwnReference(Protocol):
+    """π_ref kept by an objective that updates it (TBA′: tba.algorithm.objectives.tba_prime.ResettingReference)."""
+
+    model: torch.nn.Module
+    """Saved with every checkpoint (its state changes during the run)."""
+
+    def logprobs(self, prompts: list[list[int]], responses: list[list[int]], temperature: float,
+                 pad_id: int) -> torch.Tensor:
+        """[N, R] per-token log π_ref of the responses (logits ÷ T), padding 0."""
+
+    def updated(self, policy: torch.nn.Module, version: int) -> None:
+        """Called after every applied update, with the policy and its new version."""
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -54,7 +73,7 @@ def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     return out.to(device)
 
 
-def _behaviour(draws: list[Draw], objective: Objective) -> list[list[float]]:
+def _behaviour(draws: list[Draw], loss: Loss) -> list[list[float]]:
     """Each sample's behaviour log-probs. A sample without them cannot be importance-weighted: treating the
     missing values as 0 would turn the ratio π_θ/μ into π_θ, silently, so it is an error."""
     rows = []
@@ -62,31 +81,22 @@ def _behaviour(draws: list[Draw], objective: Objective) -> list[list[float]]:
         for s in d.samples:
             if not s.behaviour_logprobs or len(s.behaviour_logprobs) != len(s.response):
                 have = len(s.behaviour_logprobs or [])
-                raise ValueError(f"objective {objective.name} needs the behaviour log-probs of every response token; a "
+                raise ValueError(f"objective {loss.name} needs the behaviour log-probs of every response token; a "
                                  f"sample of prompt {d.prompt_id} from source {s.source!r} (policy version "
                                  f"{s.version}) has {have} for {len(s.response)} tokens. Completions from elsewhere "
-                                 "(data), buffers written before behaviour log-probs were stored, or a sampler that "
-                                 "does not return them can train tb, rloo or online_dpo only")
+                                 "(data) or a sampler that does not return them can train tb, rloo or online_dpo only")
             rows.append(s.behaviour_logprobs)
     return rows
 
 
 class Trainer:
-    def __init__(self, model, objective: Objective, cfg: TrainerConfig, tb: TBConfig, *, temperature: float,
-                 pad_id: int, baselines: BaselineConfig | None = None, max_tokens: int = 1, reference=None,
-                 aging: frozenset[str] | None = None):
-        """`objective`: an entry of tba.algorithm.objectives.OBJECTIVES; `reference`: its own π_ref copy, for an
-        objective
-        that owns one (TBA′ resets it to the policy every ρ steps and scores π_ref itself); `aging`: the sources
-        whose samples age (they load the trainer's weights; None = every source), which the age-scaled step
-        looks at."""
-        self.aging = aging
-        self.model, self.cfg, self.tb = model, cfg, tb
-        self.objective, self.baselines = objective, baselines or BaselineConfig()
-        self.max_tokens = max_tokens
-        self.reference = reference.eval() if objective.owns_reference and reference is not None else None
-        if objective.owns_reference and reference is None:
-            raise ValueError(f"objective {objective.name} keeps its own reference model: pass reference=")
+    def __init__(self, model, loss: Loss, cfg: TrainerConfig, *, beta: Callable[[int], float], temperature: float,
+                 pad_id: int, reference: OwnReference | None = None, aging: frozenset[str] | None = None):
+        """`loss`: the run's objective, bound (tba.algorithm.objectives.Objective.bind); `beta`: β of update u
+        (1-based); `reference`: the objective's own π_ref, if it keeps one; `aging`: the sources whose samples age
+        (they load the trainer's weights; None = every source), which the age-scaled step looks at."""
+        self.model, self.loss, self.cfg, self.beta = model, loss, cfg, beta
+        self.reference, self.aging = reference, aging
         model.eval()  # dropout off (see the module docstring)
         self.temperature, self.pad_id = temperature, pad_id
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
@@ -94,10 +104,6 @@ class Trainer:
                                            weight_decay=cfg.weight_decay)
         self.version = 0
         self.skipped_steps = 0
-
-    def beta(self, step: int) -> float:
-        t = self.tb
-        return beta_at(step, t.beta_init, t.beta_final, t.beta_decay_end_step, t.beta_hard_stop_step)
 
     def age_factor(self, draws: list[Draw]) -> float:
         """min(1, a₀/a), a = the median age of the update's samples in policy versions (trainer.stale_lr_age).
@@ -113,14 +119,6 @@ class Trainer:
                       if self.aging is None or s.source in self.aging)
         median = ages[len(ages) // 2] if ages else 0
         return min(1.0, a0 / median) if median > 0 else 1.0
-
-    def load_state(self, path, state: dict) -> None:
-        """Continue from checkpoint `path` (tba.run.checkpoint): optimizer moments, counters, TBA′ reference.
-        The policy weights were loaded with the model; LR and β are functions of the step."""
-        load_optimizer(path, self.optimizer, state["optimizer_param_groups"])
-        self.version, self.skipped_steps = state["version"], state["skipped_steps"]
-        if self.reference is not None and (path / "reference").is_dir():
-            self.reference.load_state_dict(load_model(str(path / "reference")).state_dict())
 
     def weights(self) -> dict[str, torch.Tensor]:
         """What searchers load — the state dict, or a LoRA policy's adapter weights — as the trainer's own
@@ -157,18 +155,16 @@ class Trainer:
             mask = mask * _padded([s.policy_mask or [1] * len(s.response) for d in micro for s in d.samples],
                                   width, device)
         if self.reference is not None:
-            with torch.no_grad():
-                ref_tok, _ = response_logprobs(self.reference, prompts, responses, self.temperature, self.pad_id)
+            ref_tok = self.reference.logprobs(prompts, responses, self.temperature, self.pad_id)
         else:
             ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width, device)  # [N, R]
         behaviour_tok = None  # only the ratio-based objectives read the searchers' behaviour log-probs
-        if self.objective.reads_behaviour:
-            behaviour_tok = _padded(_behaviour(micro, self.objective), width, device)  # [N, R]
+        if self.loss.reads_behaviour:
+            behaviour_tok = _padded(_behaviour(micro, self.loss), width, device)  # [N, R]
         reward = torch.tensor([s.reward for d in micro for s in d.samples], device=device)  # [N]
         group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
-        loss = self.objective.loss(logp=logp_tok, mask=mask, ref_logp=ref_tok, behaviour_logp=behaviour_tok,
-                                   reward=reward, group=group, beta=beta, baselines=self.baselines, tb=self.tb,
-                                   max_tokens=self.max_tokens)
+        loss = self.loss(logp=logp_tok, mask=mask, ref_logp=ref_tok, behaviour_logp=behaviour_tok, reward=reward,
+                         group=group, beta=beta)
         loss = loss * (len(responses) / tally.samples)
         logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
         ref = (ref_tok * mask).sum(-1)  # [N]
@@ -189,9 +185,8 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
             self.version += 1
-            rho = self.baselines.reference_reset_steps
-            if self.reference is not None and rho and self.version % rho == 0:
-                self.reference.load_state_dict(self.model.state_dict())  # TBA′: π_ref ← π_θ every ρ steps
+            if self.reference is not None:
+                self.reference.updated(self.model, self.version)
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)

@@ -20,7 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tba.algorithm.buffer import ReplayBuffer
 from tba.algorithm.loop import LoopSettings
 from tba.algorithm.objectives import OBJECTIVES
-from tba.algorithm.objectives.tb import beta_at
+from tba.algorithm.objectives.tb import beta_schedule
+from tba.algorithm.objectives.tba_prime import ResettingReference
 from tba.algorithm.runtime import Runtime
 from tba.algorithm.seeding import rng_isolated, searcher_seed
 from tba.algorithm.state import RunState
@@ -43,7 +44,7 @@ from tba.rollout.demonstrations import make_groups, read_rows, target_weight_war
 from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator
 from tba.rollout.samplers import SAMPLERS
-from tba.run.checkpoint import CheckpointError
+from tba.run.checkpoint import CheckpointError, restore_trainer
 from tba.run.sft import cache_key
 from tba.run.sft import warm_start as sft_warm_start
 from tba.runtime import RUNTIMES
@@ -174,27 +175,28 @@ def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: di
         raise DataLoadError(f"data.source: {d.source}: no usable row ({report.line(d.name)})")
     buffer.extend(groups, step=0)  # one transaction: every group of the data, or none
     logger.info(report.line(d.name) + f"; over {len(groups)} prompts, drawn at data.share={d.share}")
-    warning = target_weight_warning(groups, cfg.tb.beta_final) if cfg.objective == "tb" else None
+    warning = target_weight_warning(groups, cfg.tb.beta_final) if OBJECTIVES[cfg.objective].targets_pi_star else None
     if warning:
         logger.warning(warning)
     return {**dataclasses.asdict(report), "target_weight_warning": warning}
 
 
 def build_trainer(cfg: RunConfig, policy, reference, tokenizer) -> Trainer:
-    objective = OBJECTIVES[cfg.objective]  # e.g. TBA′ keeps (and resets) its own π_ref copy
-    return Trainer(policy, objective, cfg.trainer, cfg.tb, temperature=cfg.search.temperature,
-                   pad_id=tokenizer.pad_token_id, baselines=cfg.baselines, max_tokens=cfg.search.max_new_tokens,
-                   reference=copy.deepcopy(reference) if objective.owns_reference else None,
-                   aging=aging_sources(cfg))
+    """The trainer of the run's objective, bound once to its settings; an objective that keeps its own π_ref
+    (TBA′) gets a copy of the reference, reset every baselines.reference_reset_steps updates."""
+    objective = OBJECTIVES[cfg.objective]
+    own = (ResettingReference(copy.deepcopy(reference), cfg.baselines.reference_reset_steps)
+           if objective.owns_reference else None)
+    return Trainer(policy, objective.bind(cfg.tb, cfg.baselines, max_tokens=cfg.search.max_new_tokens), cfg.trainer,
+                   beta=beta_schedule(cfg.tb), temperature=cfg.search.temperature, pad_id=tokenizer.pad_token_id,
+                   reference=own, aging=aging_sources(cfg))
 
 
 def scoring(cfg: RunConfig) -> Scoring:
     """How this run samples and scores responses (for a task's exact evaluation): the trainer's temperature, the
     search budget and nucleus, and the β of the last update."""
-    t = cfg.tb
     return Scoring(temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens,
-                   beta=beta_at(cfg.trainer.steps, t.beta_init, t.beta_final, t.beta_decay_end_step,
-                                t.beta_hard_stop_step), top_p=cfg.search.top_p)
+                   beta=beta_schedule(cfg.tb)(cfg.trainer.steps), top_p=cfg.search.top_p)
 
 
 def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True) -> SamplerSpec:
@@ -324,7 +326,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         f"runtime {cfg.runtime}, mode {cfg.mode}")
     trainer = build_trainer(cfg, policy, reference, tokenizer)
     if resume_from is not None:
-        trainer.load_state(resume_from, checkpoint)
+        restore_trainer(trainer, resume_from, checkpoint)
     buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"))
     data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
     sources = ModelSources(policy=state.policy_source, reference=state.reference_source,

@@ -75,6 +75,17 @@ def load_optimizer(path: Path, optimizer, groups: list[dict]) -> None:
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
+def restore_trainer(trainer, path: Path, state: dict) -> None:
+    """Continue `trainer` from checkpoint `path`: optimizer moments, counters, and the π_ref an objective keeps
+    itself (TBA′). The policy weights were loaded with the model; LR and β are functions of the step."""
+    load_optimizer(path, trainer.optimizer, state["optimizer_param_groups"])
+    trainer.version, trainer.skipped_steps = state["version"], state["skipped_steps"]
+    if trainer.reference is not None and (path / "reference").is_dir():
+        from tba.models import load_model
+
+        trainer.reference.model.load_state_dict(load_model(str(path / "reference")).state_dict())
+
+
 def _fsync_tree(path: Path) -> None:
     for p in sorted(path.rglob("*")):
         if p.is_file():

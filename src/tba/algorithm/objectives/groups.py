@@ -29,6 +29,13 @@ def group_mean(x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     return (sums / counts)[inverse]
 
 
+def check_sequence_inputs(logp, ref_logp, reward, group) -> None:
+    """Shape check shared by the sequence-level objectives: 1-D tensors of equal length N."""
+    if not (logp.shape == ref_logp.shape == reward.shape == group.shape) or logp.dim() != 1:
+        raise ValueError(f"expected 1-D tensors of equal length, got {logp.shape}, {ref_logp.shape}, "
+                         f"{reward.shape}, {group.shape}")
+
+
 def check_token_inputs(logp, behaviour_logp, ref_logp, mask, reward, group, max_tokens: int) -> None:
     """Shape checks shared by the per-token objectives: [N, R] token tensors, [N] reward and group."""
     if logp.dim() != 2 or not (logp.shape == behaviour_logp.shape == ref_logp.shape == mask.shape):

@@ -18,15 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tba.algorithm.objectives.groups import group_index
+from tba.algorithm.objectives.groups import check_sequence_inputs, group_index
 
 
 def online_dpo_loss(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, group: torch.Tensor,
                     beta: float) -> torch.Tensor:
     """Scalar loss. logp, ref_logp, reward, group: 1-D tensors of length N (one per sequence)."""
-    if not (logp.shape == ref_logp.shape == reward.shape == group.shape) or logp.dim() != 1:
-        raise ValueError(f"expected 1-D tensors of equal length, got {logp.shape}, {ref_logp.shape}, "
-                         f"{reward.shape}, {group.shape}")
+    check_sequence_inputs(logp, ref_logp, reward, group)
     inverse, num_groups = group_index(group)
     n = logp.shape[0]
     r = reward.detach() if reward.is_floating_point() else reward.to(logp.dtype)  # rewards only rank

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from tba.algorithm.objectives.groups import group_mean, group_size
+from tba.algorithm.objectives.groups import check_sequence_inputs, group_mean, group_size
 
 
 def rloo_loss(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, group: torch.Tensor,
               beta: float) -> torch.Tensor:
     """Scalar loss. logp, ref_logp, reward, group: 1-D tensors of length N (one per sequence)."""
-    if not (logp.shape == ref_logp.shape == reward.shape == group.shape) or logp.dim() != 1:
-        raise ValueError(f"expected 1-D tensors of equal length, got {logp.shape}, {ref_logp.shape}, "
-                         f"{reward.shape}, {group.shape}")
+    check_sequence_inputs(logp, ref_logp, reward, group)
     shaped = (reward.to(logp.dtype) - beta * (logp - ref_logp.to(logp.dtype))).detach()  # r'_i
     k = group_size(group).to(logp.dtype)  # K_g
     others = k * group_mean(shaped, group) - shaped  # Σ_{j∈g, j≠i} r'_j

@@ -14,17 +14,18 @@ micro-batch is not exactly one prompt's K samples, §7.3).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
+
+from tba.algorithm.objectives.groups import check_sequence_inputs, group_mean
 
 
 def vargrad_log_z(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, group: torch.Tensor,
                   beta: float) -> torch.Tensor:
-    """Per-sequence detached log Ẑ of its prompt group, shape [N]."""
-    _, inverse = torch.unique(group, return_inverse=True)  # [N] → group index
-    target = (reward / beta - logp + ref_logp).detach()  # r/β − log π_θ + log π_ref
-    sums = torch.zeros(int(inverse.max()) + 1, dtype=target.dtype, device=target.device).index_add_(0, inverse, target)
-    counts = torch.bincount(inverse).to(target.dtype)
-    return (sums / counts)[inverse]
+    """Per-sequence detached log Ẑ of its prompt group, shape [N]: the group mean of r/β − log π_θ + log π_ref."""
+    return group_mean((reward / beta - logp + ref_logp).detach(), group)
 
 
 def vargrad_tb_loss(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Tensor, group: torch.Tensor,
@@ -34,9 +35,7 @@ def vargrad_tb_loss(logp: torch.Tensor, ref_logp: torch.Tensor, reward: torch.Te
     residual_clip c: the Huber form ρ_c(δ) = δ² for |δ| ≤ c, 2c|δ| − c² beyond; its gradient 2·clamp(δ, −c, c)
     bounds how hard one sample pushes (a wrong answer's δ is ≈ r_max/β = 20 nats at β = 0.05) while every
     sample's zero, and so the fixed point π*, stays where δ² has it."""
-    if not (logp.shape == ref_logp.shape == reward.shape == group.shape) or logp.dim() != 1:
-        raise ValueError(f"expected 1-D tensors of equal length, got {logp.shape}, {ref_logp.shape}, "
-                         f"{reward.shape}, {group.shape}")
+    check_sequence_inputs(logp, ref_logp, reward, group)
     reward = reward.to(logp.dtype)
     ref_logp = ref_logp.to(logp.dtype)
     log_z = vargrad_log_z(logp, ref_logp, reward, group, beta)
@@ -60,3 +59,9 @@ def beta_at(step: int, beta_init: float, beta_final: float, decay_end_step: int 
         return beta_init
     frac = min(max(step - 1, 0) / decay_end_step, 1.0)
     return beta_init * (1.0 - frac) + beta_final * frac
+
+
+def beta_schedule(tb) -> Callable[[int], float]:
+    """β as a function of the update (1-based), from the `tb` section: what a trainer is given."""
+    return partial(beta_at, beta_init=tb.beta_init, beta_final=tb.beta_final, decay_end_step=tb.beta_decay_end_step,
+                   hard_stop_step=tb.beta_hard_stop_step)

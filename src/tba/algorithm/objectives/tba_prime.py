@@ -10,11 +10,13 @@ For sequence i of N in prompt group g(i), response tokens t with mask m_it, beha
 A_i is exactly the on-policy VarGrad-TB advantage of §2.3, so on-policy (w = 1) the gradient of L is that of
 vargrad_tb_loss scaled by β/(2·T_max). No std normalisation.
 
-Not done here: the reference policy is reset to the current policy every ρ steps (ρ = 50 in paper Table 4);
-that is the trainer's job. Detaching w: the paper's author describes "importance sampling with CISPO
-clip_ratio = 8" on PRIME-RL's ratio loss, whose snapshot clamps π_θ/π_old into [0, 8]; whether PRIME-RL detaches
-that ratio could not be confirmed (reference §6), so we detach it as true CISPO does: the clamped ratio only
-weights a REINFORCE term and the gradient flows through log π_θ alone.
+The reference policy is reset to the current policy every ρ updates (ρ = 50 in paper Table 4): TBA′ scores π_ref
+with its own copy, `ResettingReference`, which the trainer consults instead of the searchers' log-probs.
+
+Detaching w: the paper's author describes "importance sampling with CISPO clip_ratio = 8" on PRIME-RL's ratio loss,
+whose snapshot clamps π_θ/π_old into [0, 8]; whether PRIME-RL detaches that ratio could not be confirmed (reference
+§6), so we detach it as true CISPO does: the clamped ratio only weights a REINFORCE term and the gradient flows
+through log π_θ alone.
 Padded positions are excluded with torch.where, not multiplied by 0, so any value there (even nan/inf) is inert.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from tba.algorithm.objectives.groups import check_token_inputs, group_mean
+from tba.models.generation import response_logprobs
 
 
 def tba_prime_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
@@ -39,3 +42,22 @@ def tba_prime_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, ref_logp: t
     per_token = torch.where(valid, weight * logp, 0.0)  # m_it·w_it·log π_θ(y_it)
     per_seq = adv * per_token.sum(dim=1) / max_tokens  # A_i Σ_t m·w·log π_θ / T_max
     return -per_seq.mean()  # −(1/N) Σ_i
+
+
+class ResettingReference:
+    """TBA′'s own π_ref: a frozen copy of the starting policy that scores the reference log-probs of every update,
+    reset to the policy every `every` (ρ) updates — the searchers' π_ref log-probs are of the run's start and would
+    not follow the resets. The trainer calls `updated` after each applied update."""
+
+    def __init__(self, model, every: int | None):
+        self.model, self.every = model.eval().requires_grad_(False), every
+
+    @torch.no_grad()
+    def logprobs(self, prompts: list[list[int]], responses: list[list[int]], temperature: float,
+                 pad_id: int) -> torch.Tensor:
+        """[N, R] per-token log π_ref of the responses (logits ÷ T), padding 0."""
+        return response_logprobs(self.model, prompts, responses, temperature, pad_id)[0]
+
+    def updated(self, policy, version: int) -> None:
+        if self.every and version % self.every == 0:
+            self.model.load_state_dict(policy.state_dict())  # π_ref ← π_θ every ρ updates
