@@ -327,3 +327,45 @@ def test_the_prefill_counts_completions_delivered_not_the_unique_ones_kept(harne
     run.runtime.collect = collect
     run.run()
     assert len(waits) == 1 and run.state.received == 8 + 2 * 8 and len(run.buffer) == 2
+
+
+def test_ctrl_c_during_an_evaluation_stops_within_seconds_with_the_exit_checkpoint(harness):
+    """SIGINT while the held-out evaluation runs (minutes on a real task): the evaluation is abandoned at once,
+    the update before it is complete, so close() writes the exit checkpoint of that step."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from tba.run.progress import RunControl
+
+    make, saved = harness
+    run, _, _ = make(steps=6, every=100)
+    run.progress = RunControl(6, enabled=False)
+
+    class SlowEvaluator(StubEvaluator):
+        calls = 0
+
+        def __call__(self):
+            SlowEvaluator.calls += 1
+            if SlowEvaluator.calls == 2:  # the evaluation after update 3 (eval.every_steps=3)
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+                time.sleep(60)
+            return {"score": 0.5}
+
+    run.evaluator = SlowEvaluator()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    assert time.monotonic() - t0 < 10  # not the 60 s the evaluation would have taken
+    run.close()
+    assert [s for s, _ in saved] == [3] and run.state.step == 3
+
+
+def test_a_stop_asked_during_an_update_skips_its_evaluation():
+    from tba.run.progress import GracefulStop
+
+    stop = GracefulStop()
+    stop.requested = True
+    with pytest.raises(KeyboardInterrupt), stop.interruptible():
+        pytest.fail("the evaluation ran")

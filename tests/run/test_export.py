@@ -105,7 +105,7 @@ def test_an_exported_lora_model_serves_with_vllm_and_decodes_as_the_policy(tmp_p
     assert [upto_eos(s) for s in served] == [upto_eos(e) for e in expected]
     import time
 
-    from tests.runtime.test_runtimes import child_processes
+    from runs import child_processes
 
     deadline = time.monotonic() + 15  # the engine-core process exits shortly after shutdown()
     while child_processes() and time.monotonic() < deadline:

@@ -28,3 +28,22 @@ def test_disabled_progress_prints_nothing(capsys):
     with RunProgress(2, enabled=False, plain_every_s=0.0) as progress:
         progress.update(2, reward=0.5, score=0.25, beta=0.05, tokens_per_s=1.0)
     assert capsys.readouterr().err == ""
+
+
+def test_log_lines_reach_the_console_once_warnings_marked(capsys):
+    import logging
+
+    from tba.run.progress import ConsoleHandler, log_to_console
+
+    tba = logging.getLogger("tba")
+    before = list(tba.handlers)
+    try:
+        log_to_console()
+        log_to_console()  # once: a second call adds no second handler
+        assert sum(isinstance(h, ConsoleHandler) for h in tba.handlers) == 1
+        logging.getLogger("tba.algorithm.loop").info("buffer prefilled")
+        logging.getLogger("tba.run.build").warning("tb.beta_final is too large")
+        err = capsys.readouterr().err
+        assert "buffer prefilled\n" in err and "warning: tb.beta_final is too large\n" in err
+    finally:
+        tba.handlers[:] = before

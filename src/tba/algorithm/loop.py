@@ -21,10 +21,12 @@ everything from the newest usable checkpoint plus every group accepted after it 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from tba.algorithm.buffer import NothingYoungEnough, ReplayBuffer
 from tba.algorithm.metrics import step_metrics
@@ -32,10 +34,7 @@ from tba.algorithm.monitor import Monitor
 from tba.algorithm.runtime import Runtime
 from tba.algorithm.state import CheckpointState, Evaluation, RunState, RunTotals
 from tba.algorithm.trainer import Trainer
-from tba.rollout.evaluate import Evaluator
-from tba.run.checkpoint import Checkpointer, CheckpointError
-from tba.run.logger import MetricsLogger
-from tba.run.progress import GracefulStop, RunProgress
+from tba.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -60,48 +59,104 @@ class LoopSettings:
     """trainer.max_replay_ratio R (async): wait for fresh samples rather than pass it."""
     sync_mode: bool
     """mode=sync: every step waits for fresh groups."""
-    progress: bool = True
-    plain_every_s: float = 30.0
+
+
+# ---- what the loop is given besides the algorithm's parts (tba.run makes them) --------------------------------
+class Evaluator(Protocol):
+    def __call__(self) -> dict[str, float]:
+        """Evaluate the trainer's policy on the held-out prompts: {"score": …, task metrics…}."""
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        """One log line of an evaluation's metrics."""
+
+
+class Checkpoints(Protocol):
+    run_dir: object
+
+    def save(self, step: int, *, optimizer, state: dict, reference=None) -> object:
+        """Write checkpoint `step` atomically (policy, `optimizer`, `reference` if the objective keeps one, and
+        the loop's JSON `state`)."""
+
+    def buffer_marks(self) -> list[int]:
+        """The buffer positions every kept checkpoint restores: what buffer compaction must keep."""
+
+
+class MetricsSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Progress(Protocol):
+    """A context around the updates: shown after each, and asked whether the user wants the run stopped."""
+
+    requested: bool
+    """The user asked to stop (Ctrl-C, SIGTERM): the loop stops after the current update."""
+
+    def __enter__(self): ...
+
+    def __exit__(self, *exc): ...
+
+    def update(self, step: int, **fields: float) -> None: ...
+
+    def interruptible(self) -> contextlib.AbstractContextManager:
+        """Within it, a stop request interrupts at once (KeyboardInterrupt) instead of after the update: an
+        evaluation, which can take minutes, with the update already applied."""
+
+
+class _Quiet:
+    """No display and no signals: the loop's progress when its caller gives none (tests, benchmarks)."""
+
+    requested = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def update(self, step: int, **fields: float) -> None:
+        pass
+
+    def interruptible(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
 
 class Loop:
     """Runs the steps of one segment of a run (a fresh start or a resume) over the parts `tba.run.build` made."""
 
     def __init__(self, settings: LoopSettings, *, trainer: Trainer, buffer: ReplayBuffer, runtime: Runtime,
-                 evaluator: Evaluator, checkpoints: Checkpointer, logger: MetricsLogger, state: RunState,
-                 monitor: Monitor, resumed: bool = False):
+                 evaluator: Evaluator, checkpoints: Checkpoints, logger: MetricsSink, state: RunState,
+                 monitor: Monitor, progress: Progress | None = None, resumed: bool = False):
         self.settings, self.trainer, self.buffer, self.runtime = settings, trainer, buffer, runtime
-        self.evaluator, self.checkpoints, self.logger = evaluator, checkpoints, logger
-        self.state, self.monitor = state, monitor
+        self.evaluator, self.checkpoints, self.metrics = evaluator, checkpoints, logger
+        self.state, self.monitor, self.progress = state, monitor, progress or _Quiet()
         self.last_ckpt = state.step if resumed else None
         self.consistent = True  # False while an update is half applied: no exit checkpoint then
         self.started = False  # searchers started: only then is there anything to checkpoint at exit
 
     # ---- the algorithm -------------------------------------------------------------------------------------
     def run(self) -> RunTotals:
-        s, u = self.state, self.settings
+        state, settings, progress = self.state, self.settings, self.progress
         self.runtime.launch()  # searchers import and load their models while the trainer evaluates (not generate)
-        if not s.evals:
-            self.monitor.training_starts()
-            self.evaluate()
-            logger.info(f"at start: {self.evaluator.describe(s.evals[-1].metrics)}")
+        if not state.evals:
+            logger.info(f"at start: {self.evaluator.describe(self.evaluate())}")
         self.runtime.start()  # searchers run from here on (async: continuously)
         self.started = True
         self.monitor.training_starts()
         self.prefill()
-        self.monitor.updates_start(s.busy_s)
-        bar = RunProgress(u.steps, enabled=u.progress, start=s.step, plain_every_s=u.plain_every_s)
-        with bar as progress, GracefulStop() as stop:
-            while s.step < u.steps:
+        self.monitor.updates_start(state.busy_s)
+        with progress:
+            while state.step < settings.steps and not progress.requested:
                 metrics = self.step()
-                progress.update(s.step, reward=s.rewards_seen[-1] if s.rewards_seen else float("nan"),
-                                score=s.evals[-1].score, beta=metrics["trainer/beta"],
+                progress.update(state.step, reward=state.rewards_seen[-1] if state.rewards_seen else float("nan"),
+                                score=state.evals[-1].score, beta=metrics["trainer/beta"],
                                 tokens_per_s=metrics["trainer/tokens_per_s"], staleness=metrics["staleness/mean"])
-                every = u.checkpoint_every_steps
-                if every and s.step % every == 0 and s.step < u.steps:
+                every = settings.checkpoint_every_steps
+                if every and state.step % every == 0 and state.step < settings.steps:
                     self.checkpoint()
-                if stop.requested:
-                    raise KeyboardInterrupt  # close() writes the exit checkpoint of this completed step
+        if state.step < settings.steps:  # the user asked to stop: close() writes the exit checkpoint of this step
+            raise KeyboardInterrupt
         self.checkpoint()
         return self.totals()
 
@@ -118,7 +173,7 @@ class Loop:
             buffer.mark_sync(self.state.step)
         if prefilled:
             logger.info(f"buffer prefilled: {self.state.received} completions received, {len(buffer)} unique over "
-                     f"{buffer.num_prompts} prompts")
+                        f"{buffer.num_prompts} prompts")
         if not len(buffer):
             raise RuntimeError("the replay buffer is empty: nothing to train on")
 
@@ -133,65 +188,77 @@ class Loop:
             self.state.rewards_seen.append(sum(fresh) / len(fresh))
         return fresh
 
-    def draw(self, fresh: list[float]) -> list:
-        """B groups × K samples; with buffer.max_sample_age, a draw with nothing young enough waits for fresh
-        samples first (every wait has the runtime's collect timeout)."""
-        u, s = self.settings, self.state
+    def gather(self) -> list[float]:
+        """The rewards of this step's fresh samples: whatever the searchers delivered (async: never waiting;
+        sync: waiting), and as many more batches as trainer.max_replay_ratio requires."""
+        step = self.state.step + 1
+        fresh = self.receive(self.runtime.collect(block=self.settings.sync_mode), step)
+        while self.over_replay():  # as many batches as it takes: one can hold fewer samples than an update draws
+            fresh += self.receive(self.runtime.collect(block=True), step)
+        return fresh
+
+    def draw(self) -> tuple[list, list[float]]:
+        """B groups × K samples, and the rewards of fresh samples received meanwhile: with buffer.max_sample_age,
+        a draw with nothing young enough waits for fresh samples first (every wait has the runtime's collect
+        timeout)."""
+        settings, state, waited = self.settings, self.state, []
         while True:
             try:
-                draws = self.buffer.sample(u.prompts_per_step, u.samples_per_prompt, version=self.trainer.version)
+                draws = self.buffer.sample(settings.prompts_per_step, settings.samples_per_prompt,
+                                           version=self.trainer.version)
             except NothingYoungEnough:
                 if not self.runtime.searchers:
                     raise
-                fresh += self.receive(self.runtime.collect(block=True), s.step + 1)
+                waited += self.receive(self.runtime.collect(block=True), state.step + 1)
                 continue
             for d in draws:
                 for x in d.samples:
-                    s.tally(x.source, drawn=1)
-            return draws
+                    state.tally(x.source, drawn=1)
+            return draws, waited
 
     def step(self) -> dict:
-        s, u, trainer = self.state, self.settings, self.trainer
-        fresh = self.receive(self.runtime.collect(block=u.sync_mode), s.step + 1)
-        while self.over_replay():  # as many batches as it takes: one can hold fewer samples than an update draws
-            fresh += self.receive(self.runtime.collect(block=True), s.step + 1)
+        state, settings, trainer = self.state, self.settings, self.trainer
+        fresh = self.gather()
         self.warn(self.monitor.no_fresh_samples(bool(fresh), self.runtime.searchers,
                                                 lambda: self.buffer.age_mean(trainer.version)))
         t_step = time.perf_counter()
-        draws = self.draw(fresh)
+        draws, waited = self.draw()
+        fresh += waited
         version = trainer.version  # staleness is measured against the policy the update starts from
         self.consistent = False
         update = trainer.step(draws)
-        s.step += 1
-        if u.sync_every_steps and s.step % u.sync_every_steps == 0:  # k = 0: never (searchers keep π_start)
+        state.step += 1
+        extra = {}
+        if settings.sync_every_steps and state.step % settings.sync_every_steps == 0:  # k = 0: never
             t_sync = time.perf_counter()
             self.runtime.publish(trainer.weights(), trainer.version)
-            self.buffer.mark_sync(s.step)
-            update["sync/publish_s"] = time.perf_counter() - t_sync
+            self.buffer.mark_sync(state.step)
+            extra["sync/publish_s"] = time.perf_counter() - t_sync
         self.consistent = True
-        s.busy_s += time.perf_counter() - t_step
+        state.busy_s += time.perf_counter() - t_step
         if update["trainer/skipped"]:
-            logger.info(f"step {s.step}: non-finite loss or gradient — update skipped, weights untouched "
-                     f"({trainer.skipped_steps} so far)")
-        if s.step % u.eval_every_steps == 0 or s.step == u.steps:
-            evaluation = self.evaluate()
-            logger.info(f"step {s.step}: {self.evaluator.describe(evaluation)}")
-            update.update({f"eval/{k}": v for k, v in evaluation.items()})
+            logger.warning(f"step {state.step}: non-finite loss or gradient — update skipped, weights untouched "
+                           f"({trainer.skipped_steps} so far)")
+        if state.step % settings.eval_every_steps == 0 or state.step == settings.steps:
+            with self.progress.interruptible():  # Ctrl-C here stops now: the update is applied, the step complete
+                evaluation = self.evaluate()
+            logger.info(f"step {state.step}: {self.evaluator.describe(evaluation)}")
+            extra.update({f"eval/{k}": v for k, v in evaluation.items()})
         report = self.runtime.report()
         self.warn(self.monitor.dropped_samples(report))
-        metrics = step_metrics(update, draws=draws, version=version, buffer=self.buffer, fresh=fresh,
-                               received=s.received, busy_fraction=self.monitor.busy_fraction(s.busy_s),
-                               searchers=report.stats, wall_clock_s=self.monitor.wall_s(), sources=s.sources)
-        metrics["trainer/replay_ratio"] = self.replay_ratio()
-        self.logger.log(s.step, metrics)
+        metrics = step_metrics({**update, **extra}, draws=draws, version=version, buffer=self.buffer, fresh=fresh,
+                               received=state.received, busy_fraction=self.monitor.busy_fraction(state.busy_s),
+                               searchers=report.stats, wall_clock_s=self.monitor.wall_s(), sources=state.sources,
+                               replay_ratio=self.replay_ratio())
+        self.metrics.log(state.step, metrics)
         return metrics
 
     def replay_ratio(self, updates: int | None = None) -> float:
         """Samples the trainer has drawn (after `updates`, default: so far) per sample the searchers delivered
         (> 1: replay)."""
-        u = self.settings
+        settings = self.settings
         updates = self.state.step if updates is None else updates
-        return updates * u.prompts_per_step * u.samples_per_prompt / max(self.state.received, 1)
+        return updates * settings.prompts_per_step * settings.samples_per_prompt / max(self.state.received, 1)
 
     def over_replay(self) -> bool:
         """trainer.max_replay_ratio R: an async trainer may take its next update only if the ratio after it is
@@ -238,10 +305,10 @@ class Loop:
             if self.consistent and self.state.step > 0 and self.last_ckpt != self.state.step and self.started:
                 self.checkpoint()
                 logger.info(f"checkpoint written at step {self.state.step}: "
-                         f"`tba train --resume {self.checkpoints.run_dir}` continues")
-        except CheckpointError as e:  # e.g. the disk filled up: the error being raised matters more
+                            f"`tba train --resume {self.checkpoints.run_dir}` continues")
+        except UserError as e:  # e.g. the disk filled up: the error being raised matters more
             logger.warning(f"exit checkpoint failed: {e}")
         finally:
             self.runtime.stop()
-            self.logger.close()
+            self.metrics.close()
             self.buffer.close()

@@ -27,7 +27,9 @@ class Monitor:
     def __init__(self, before: RunState, t_run: float, heartbeat_timeout_s: float):
         """`before`: the run's totals before this segment (a resume adds to them); `t_run`: when it started."""
         self.before, self.t_run, self.heartbeat_timeout_s = before, t_run, heartbeat_timeout_s
-        self.t_train = self.t_loop = t_run
+        self.t_loop = t_run
+        self.t_train: float | None = None
+        """When this segment's training clock started (None: not yet; the start evaluation is before it)."""
         self.eval_s, self.busy_before = 0.0, before.busy_s
         self.startup_s = 0.0
         self.freshness = LearntTimeout(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)
@@ -35,8 +37,8 @@ class Monitor:
 
     # ---- clocks ------------------------------------------------------------------------------------------
     def training_starts(self) -> None:
-        """Training seconds count from now (the first evaluation before it is excluded). What came before, since
-        the run began and evaluation excluded, is this segment's start-up: building models and launching searchers."""
+        """Training seconds count from now. What came before, since the run began and the start evaluation
+        excluded, is this segment's start-up: building models and launching searchers."""
         self.startup_s = time.perf_counter() - self.t_run - self.eval_s
         self.t_train, self.eval_s = time.perf_counter(), 0.0
 
@@ -49,6 +51,8 @@ class Monitor:
         self.eval_s += seconds
 
     def train_s(self) -> float:
+        if self.t_train is None:
+            return self.before.train_s
         return self.before.train_s + time.perf_counter() - self.t_train - self.eval_s
 
     def wall_s(self) -> float:

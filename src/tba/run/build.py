@@ -44,11 +44,12 @@ from tba.rollout.demonstrations import make_groups, read_rows, target_weight_war
 from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator
 from tba.rollout.samplers import SAMPLERS
+from tba.rollout.samplers.base import SamplerSpec
 from tba.run.checkpoint import CheckpointError, restore_trainer
 from tba.run.sft import cache_key
 from tba.run.sft import warm_start as sft_warm_start
 from tba.runtime import RUNTIMES
-from tba.runtime.specs import ModelSources, SamplerSpec, SearcherSpec
+from tba.runtime.specs import ModelSources, SearcherSpec
 from tba.runtime.worker import InlineParts, RuntimeParts
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring, Task
@@ -268,8 +269,7 @@ def loop_settings(cfg: RunConfig) -> LoopSettings:
     return LoopSettings(steps=t.steps, prompts_per_step=t.prompts_per_step, samples_per_prompt=t.samples_per_prompt,
                         sync_every_steps=t.sync_every_steps, prefill_samples=cfg.buffer.prefill_samples,
                         eval_every_steps=cfg.eval.every_steps, checkpoint_every_steps=cfg.checkpoint.every_steps,
-                        max_replay_ratio=t.max_replay_ratio, sync_mode=cfg.mode == "sync",
-                        progress=cfg.logging.progress, plain_every_s=cfg.logging.plain_every_s)
+                        max_replay_ratio=t.max_replay_ratio, sync_mode=cfg.mode == "sync")
 
 
 def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:

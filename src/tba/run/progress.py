@@ -9,6 +9,7 @@ terminal. A program that configures logging itself keeps its own handlers: the A
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -101,16 +102,27 @@ def _clock(seconds: float) -> str:
 
 
 class GracefulStop:
-    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second Ctrl-C: stop at once."""
+    """First Ctrl-C / SIGTERM: finish the current update, checkpoint, stop — or, inside `interruptible` (an
+    evaluation, which can take minutes), stop at once. A second Ctrl-C: stop at once."""
 
     def __init__(self):
-        self.requested, self._previous = False, {}
+        self.requested, self._previous, self._now = False, {}, False
 
     def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
+        if self._now or (self.requested and signum == signal.SIGINT):
             raise KeyboardInterrupt
         self.requested = True
         logger.info(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again: now)")
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        if self.requested:
+            raise KeyboardInterrupt  # asked during the update: its evaluation is not worth waiting for
+        self._now = True
+        try:
+            yield
+        finally:
+            self._now = False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -121,6 +133,32 @@ class GracefulStop:
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class RunControl:
+    """What a person sees and does while the updates run (the loop's `Progress`): the bar and Ctrl-C."""
+
+    def __init__(self, total: int, enabled: bool = True, start: int = 0, plain_every_s: float = 30.0):
+        self.bar, self.stop = RunProgress(total, enabled, start, plain_every_s), GracefulStop()
+
+    @property
+    def requested(self) -> bool:
+        return self.stop.requested
+
+    def __enter__(self):
+        self.bar.__enter__()
+        self.stop.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.__exit__(*exc)
+        self.bar.__exit__(*exc)
+
+    def update(self, step: int, **fields: float) -> None:
+        self.bar.update(step, **fields)
+
+    def interruptible(self):
+        return self.stop.interruptible()
 
 
 def print_summary(summary: dict) -> None:

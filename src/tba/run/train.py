@@ -26,6 +26,7 @@ from tba.models import (
 from tba.run.build import build_run, build_task, default_threads, loop_settings, searcher_groups, warm_start
 from tba.run.checkpoint import Checkpointer
 from tba.run.logger import MetricsLogger
+from tba.run.progress import RunControl
 from tba.run.summary import run_summary
 from tba.runtime import forkserver
 
@@ -64,7 +65,9 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
     monitor = Monitor(dataclasses.replace(state), t_run, cfg.supervision.heartbeat_timeout_s)
     loop = Loop(loop_settings(cfg), trainer=run.trainer, buffer=run.buffer, runtime=run.runtime,
                 evaluator=run.evaluator, checkpoints=Checkpointer(out, run.policy, run.tokenizer, cfg.checkpoint.keep),
-                logger=metrics, state=state, monitor=monitor, resumed=resume_from is not None)
+                logger=metrics, state=state, monitor=monitor, resumed=resume_from is not None,
+                progress=RunControl(cfg.trainer.steps, enabled=cfg.logging.progress, start=state.step,
+                                    plain_every_s=cfg.logging.plain_every_s))
     try:
         totals = loop.run()
     finally:

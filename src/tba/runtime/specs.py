@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tba.config.schema import LoraConfig, SearchConfig, VLLMConfig
+from tba.config.schema import SearchConfig
+from tba.rollout.samplers.base import SamplerSpec
 from tba.tasks.prepare import TaskSpec
 
 
@@ -20,23 +21,6 @@ class ModelSources:
     policy: str
     reference: str
     tokenizer: str
-
-
-@dataclass(frozen=True)
-class SamplerSpec:
-    """How to build a searcher's sampler (tba.rollout.samplers): `target(spec, source=…, tokenizer=…, device=…, seed=…,
-    policy=…)`."""
-
-    target: str
-    dtype: str
-    """The weights' dtype (model.dtype)."""
-    lora: LoraConfig | None
-    """The policy's adapters when the run trains LoRA (the sampler wraps the base the same way), else None."""
-    vllm: VLLMConfig
-    max_model_len: int | None
-    """Longest prompt + response the engine must plan for (None: the model's own limit)."""
-    quantize: str = "none"
-    """Sample from a quantized copy of each loaded policy (tba.rollout.quantize)."""
 
 
 @dataclass(frozen=True)

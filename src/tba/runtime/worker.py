@@ -16,9 +16,9 @@ from tba.config.schema import RayConfig, SupervisionConfig
 from tba.errors import UserError
 from tba.models import load_model, load_tokenizer, resolve_device
 from tba.plugins import load_object
-from tba.rollout.samplers.base import Sampler
+from tba.rollout.samplers.base import Sampler, SamplerSpec
 from tba.rollout.searcher import Searcher
-from tba.runtime.specs import SamplerSpec, SearcherSpec
+from tba.runtime.specs import SearcherSpec
 from tba.tasks.base import Task
 from tba.tasks.prepare import build_task, fit_prompts
 

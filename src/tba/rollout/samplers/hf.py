@@ -14,7 +14,7 @@ import torch
 from tba.models import apply_lora, load_model, load_synced
 from tba.models.generation import generate
 from tba.rollout.quantize import QuantizedModel
-from tba.runtime.specs import SamplerSpec
+from tba.rollout.samplers.base import SamplerSpec
 
 
 class HFSampler:

@@ -43,7 +43,7 @@ from transformers import AutoConfig
 
 from tba.models import DTYPES, apply_lora, load_model, load_synced
 from tba.models.sources import resolve_source
-from tba.runtime.specs import SamplerSpec
+from tba.rollout.samplers.base import SamplerSpec
 
 TCMALLOC_GLOBS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*", "/usr/lib/aarch64-linux-gnu/"
                   "libtcmalloc_minimal.so*", "/usr/lib64/libtcmalloc_minimal.so*", "/usr/lib/libtcmalloc_minimal.so*")
