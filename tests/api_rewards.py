@@ -14,3 +14,13 @@ def length_penalty(completions, **kwargs):
     """TRL's quickstart reward_len, scaled: prefer 4 characters."""
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
     return [-abs(4 - len(t)) / 10 for t in texts]
+
+
+def one_value(completions, **kwargs):
+    """Broken on purpose: one value for the whole batch."""
+    return [1.0]
+
+
+def moods(completions, **kwargs):
+    """Broken on purpose: words, not numbers."""
+    return ["high"] * len(completions)

@@ -4,6 +4,7 @@ training, naming itself."""
 
 import copy
 import json
+import re
 
 import pytest
 from api_rewards import CALLS, answer_in_completion, length_penalty
@@ -141,3 +142,19 @@ def test_a_config_round_trips_and_overrides():
     with pytest.raises(ConfigError, match="trainer.stepz"):
         args.override("trainer.stepz=3")
     assert load_config(None, ["task.name=dataset", "model.policy=x/y"]).task.name == "dataset"
+
+
+@pytest.mark.parametrize("fn, says", [("one_value", r"reward function one_value returned 1 values for \d+ completions"),
+                                      ("moods", r"reward function moods returned 'high' \(str\) for completion 0")])
+def test_a_reward_function_that_breaks_its_contract_stops_the_run_in_one_line(tmp_path, model_dir, capsys, fn, says):
+    """Wrong count or wrong type: one line naming the function, what it returned and what it must return — no
+    traceback, and nothing left running (the local searcher process is stopped)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    code = main(["train", f"output_dir={tmp_path / 'run'}", "task.name=dataset", f"model.policy={model_dir}",
+                 f"task.options.source={data}", f"task.options.reward={TESTS / 'api_rewards.py'}:{fn}",
+                 "sft.enabled=false", *QUICK])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    line = next(x for x in err.splitlines() if x.startswith("tba: reward error:"))
+    assert re.search(says, line) and "it must return a list of" in line

@@ -7,6 +7,8 @@ FAIL_AFTER = 3
 
 
 class FaultySampler:
+    quantize_s = 0.0
+
     def __init__(self, inner):
         self.inner, self.calls = inner, 0
 

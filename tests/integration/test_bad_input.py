@@ -36,9 +36,10 @@ def test_searcher_drops_and_counts_samples_whose_reward_raises_or_is_nan(tiny_mo
                         SearchConfig(samples_per_prompt=3, prompts_per_batch=4, max_new_tokens=4), seed=0)
     groups = searcher.step()
     kept = sum(len(g.samples) for g in groups)
-    assert kept == 4 and searcher.rewards_dropped == 8  # 12 completions: 4 raised, 4 NaN
+    assert kept == 4 and searcher.stats.rewards_dropped == 8  # 12 completions: 4 raised, 4 NaN
     assert all(s.reward in (0.0, 1.0) for g in groups for s in g.samples)
-    assert "ZeroDivisionError: user reward bug" in searcher.last_reward_error or "nan" in searcher.last_reward_error
+    error = searcher.stats.last_reward_error
+    assert "ZeroDivisionError: user reward bug" in error or "nan" in error
     assert searcher.state_dict()["rewards_dropped"] == 8
 
 

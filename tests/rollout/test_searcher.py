@@ -38,8 +38,8 @@ def test_step_returns_one_group_of_s_annotated_samples_per_prompt(tiny_model, ti
             # policy == reference here, so the reference log-probs are the behaviour log-probs
             torch.testing.assert_close(torch.tensor(s.ref_logprobs), torch.tensor(s.behaviour_logprobs),
                                        atol=1e-4, rtol=0)
-    assert searcher.samples_generated == CFG.prompts_per_batch * CFG.samples_per_prompt
-    assert searcher.tokens_generated == sum(len(s.response) for g in groups for s in g.samples)
+    assert searcher.stats.samples_generated == CFG.prompts_per_batch * CFG.samples_per_prompt
+    assert searcher.stats.tokens_generated == sum(len(s.response) for g in groups for s in g.samples)
 
 
 def test_load_weights_sets_the_policy_and_the_version_of_new_samples(tiny_model, tiny_tokenizer, arith_task):

@@ -9,11 +9,10 @@ from tba.runtime.supervision import Supervisor
 from tba.runtime.worker import SearcherError
 
 
-def test_the_budget_logs_each_restart_and_stops_the_run_with_the_cause():
-    logs = []
-    sup = Supervisor(2, SupervisionConfig(max_restarts=1), logs.append)
+def test_the_budget_logs_each_restart_and_stops_the_run_with_the_cause(caplog):
+    sup = Supervisor(2, SupervisionConfig(max_restarts=1))
     sup.charge(1, "failed:\nTraceback ...\nValueError: boom")
-    assert logs == ["searcher 1 failed: — restarting it (1/1 restarts used)",
+    assert [r.getMessage() for r in caplog.records] == ["searcher 1 failed: — restarting it (1/1 restarts used)",
                     "failed:\nTraceback ...\nValueError: boom"]
     with pytest.raises(SearcherError, match=r"(?s)searcher 0 died.*restart limit reached \(supervision.max_restarts=1, "
                                             r"1 restarts so far\)"):
@@ -22,7 +21,7 @@ def test_the_budget_logs_each_restart_and_stops_the_run_with_the_cause():
 
 def test_a_silent_searcher_is_caught_on_its_own_time_scale():
     """The hang the fixed 300 s heartbeat missed: batches every ≈ 0.1 s, then silence."""
-    sup = Supervisor(1, SupervisionConfig(heartbeat_timeout_s=300, heartbeat_floor_s=2), print)
+    sup = Supervisor(1, SupervisionConfig(heartbeat_timeout_s=300, heartbeat_floor_s=2))
     sup.ready(0, owes=True)
     for _ in range(3):
         time.sleep(0.05)
@@ -34,7 +33,7 @@ def test_a_silent_searcher_is_caught_on_its_own_time_scale():
 
 
 def test_a_restarted_searcher_has_the_ready_timeout_then_a_fresh_pace():
-    sup = Supervisor(1, SupervisionConfig(heartbeat_timeout_s=30, heartbeat_floor_s=2, ready_timeout_s=5), print)
+    sup = Supervisor(1, SupervisionConfig(heartbeat_timeout_s=30, heartbeat_floor_s=2, ready_timeout_s=5))
     sup.ready(0, owes=True)
     sup.delivered(0, owes_more=True)
     sup.restarted(0)

@@ -148,5 +148,5 @@ def test_built_from_config_through_the_tldr_factory(data_dir, rms):
                              f"task.options={{reward_model: {rms[0]}, batch_size: 2}}",
                              f"task.options.source={data_dir}"])
     task = build_task(cfg)
-    assert isinstance(task, TLDRTask) and len(task.train) == 3 and len(task.test) == 5
-    assert task.reward_model.batch_size == 2
+    assert isinstance(task.task, TLDRTask) and len(task.train) == 3 and len(task.test) == 5
+    assert task.task.reward_model.batch_size == 2

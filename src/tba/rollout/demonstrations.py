@@ -33,7 +33,7 @@ from tba.algorithm.types import Group, Sample
 from tba.config.schema import DataConfig
 from tba.models.generation import response_logprobs
 from tba.rollout.episodes import Limits, policy_logprobs, replay_episodes
-from tba.tasks.base import Prompt, Task, batch_rewards
+from tba.tasks.base import Prompt, Task, TaskAdapter
 from tba.tasks.data import DataLoadError
 
 
@@ -53,10 +53,10 @@ def read_rows(cfg: DataConfig, task: Task, seed: int) -> list[Row]:
     """The rows of `cfg.source`: `task` (the task's own demonstrations(), one per train prompt), a local
     .jsonl/.json/.parquet file, or a `datasets` Hub name."""
     if cfg.source == "task":
-        demonstrations = getattr(task, "demonstrations", None)
-        if demonstrations is None:
+        task = TaskAdapter.of(task)
+        if not task.has("demonstrations"):
             raise DataLoadError(f"data.source: task: task {task.name} has no demonstrations()")
-        completions = demonstrations(task.train, seed=seed)
+        completions = task.demonstrations(task.train, seed=seed)
         return [Row(f"task.demonstrations() #{i}", p.text, c, prompt_id=p.id)
                 for i, (p, c) in enumerate(zip(task.train, completions, strict=True))]
     path = Path(cfg.source).expanduser()
@@ -163,8 +163,9 @@ def make_groups(rows: list[Row], cfg: DataConfig, *, task: Task, prompt_ids: dic
     or one text for one turn — played through a fresh environment under `limits` (the searchers' episode limits):
     the environment's answers fill the turns between, as in a sampled episode, and a row the environment does
     not follow (it asks for more turns, or ends before the last) is a bad row."""
+    task = TaskAdapter.of(task)
     by_id = {p.id: p for p in task.train}
-    multi_turn = hasattr(task, "environment")
+    multi_turn = task.episodic
     report, problems = DataReport(rows=len(rows), skipped={}), []
     kept: list[tuple[Prompt, list[int], list[list[int]], Row]] = []
     seen: set[tuple[int, tuple]] = set()
@@ -239,8 +240,8 @@ def _score(kept, cfg: DataConfig, report: DataReport, task: Task, tokenizer) -> 
     """Single-turn rows as (prompt, prompt tokens, tokens, row, []) with a reward: the row's, else the task's."""
     unscored = [i for i, (*_, row) in enumerate(kept) if row.reward is None]
     if unscored:
-        rewards, _ = batch_rewards(task, [kept[i][0] for i in unscored], [kept[i][3].completion for i in unscored],
-                                   [kept[i][2][0][-1] == tokenizer.eos_token_id for i in unscored])
+        rewards, _ = task.batch_rewards([kept[i][0] for i in unscored], [kept[i][3].completion for i in unscored],
+                                        [kept[i][2][0][-1] == tokenizer.eos_token_id for i in unscored])
         bad = [(kept[i][3], "the task's reward raised or was not finite") for i, r in zip(unscored, rewards,
                                                                                          strict=True) if r is None]
         for i, r in zip(unscored, rewards, strict=True):

@@ -19,7 +19,7 @@ import torch
 from tba.config.schema import EvalConfig
 from tba.models.generation import ended_with_eos, generate, response_logits
 from tba.rollout.episodes import END_REASONS, Limits, run_episodes
-from tba.tasks.base import Prompt, Scoring, accuracy
+from tba.tasks.base import Prompt, Scoring, TaskAdapter
 
 
 @dataclass
@@ -100,7 +100,8 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
     """
     if not prompts:
         return {"score": math.nan}
-    if hasattr(task, "environment"):
+    task = TaskAdapter.of(task)
+    if task.episodic:
         metrics = episode_metrics(policy, tokenizer, task, prompts, cfg, limits or Limits())
     else:
         c = complete(policy, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
@@ -108,9 +109,8 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
         metrics = task_metrics(task, c)
         if cfg.reference_metrics and reference is not None:
             metrics.update(reference_metrics(policy, reference, c, tokenizer.pad_token_id))
-    exact = getattr(task, "exact_metrics", None)
-    if exact is not None and scoring is not None and reference is not None:
-        metrics.update({k: float(v) for k, v in exact(policy, reference, tokenizer, scoring).items()})
+    if scoring is not None and reference is not None:
+        metrics.update(task.exact_metrics(policy, reference, tokenizer, scoring))
     return metrics
 
 
@@ -136,11 +136,9 @@ class Evaluator:
 
 def task_metrics(task, c: Completions) -> dict[str, float]:
     """{score: mean reward of `c`, **task.eval_metrics(c)}: what the task itself says of these completions."""
-    metrics = {"score": accuracy(task, c.prompts, c.texts, c.finished, c.responses)}
-    extra = getattr(task, "eval_metrics", None)
-    if extra is not None:
-        metrics.update({k: float(v) for k, v in extra(c.prompts, c.texts, c.finished).items()})
-    return metrics
+    task = TaskAdapter.of(task)
+    return {"score": task.accuracy(c.prompts, c.texts, c.finished, c.responses),
+            **task.eval_metrics(c.prompts, c.texts, c.finished)}
 
 
 @torch.no_grad()
@@ -169,14 +167,12 @@ def episode_metrics(policy, tokenizer, task, prompts: list[Prompt], cfg, limits:
                "episode/turns_mean": sum(e.turns for e in episodes) / len(episodes)}
     metrics.update({f"episode/ended_{r}": sum(e.end == r for e in episodes) / len(episodes) for r in END_REASONS
                     if any(e.end == r for e in episodes)})
-    extra = getattr(task, "episode_metrics", None)
-    if extra is not None:
-        metrics.update({k: float(v) for k, v in extra(episodes).items()})
+    metrics.update(TaskAdapter.of(task).episode_metrics(episodes))
     return metrics
 
 
 def greedy_accuracy(model, tokenizer, task, prompts: list[Prompt], max_new_tokens: int, batch_size: int) -> float:
     """Greedy pass@1: the mean reward of one greedy completion per prompt."""
     c = complete(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return accuracy(task, c.prompts, c.texts, c.finished)
+    return TaskAdapter.of(task).accuracy(c.prompts, c.texts, c.finished)
 

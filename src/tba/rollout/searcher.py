@@ -15,15 +15,18 @@ log-probs of that distribution; the reference log-probs it attaches are at the r
 (search.temperature), the one the trainer's log π_θ uses, so TB's target does not depend on who sampled.
 Every sample carries the searcher's `source` (its group's name).
 
-A task with an `environment` is multi-turn: each sample is then a whole episode (tba.rollout.episodes), generated turn
-by turn with the same sampler, its reward the environment's; π_ref scores the whole sequence and the
-environment's tokens are masked out. An episode that failed is dropped and counted by its end reason.
+An episodic task (one with an `environment`) is multi-turn: each sample is then a whole episode
+(tba.rollout.episodes), generated turn by turn with the same sampler, its reward the environment's; π_ref scores
+the whole sequence and the environment's tokens are masked out. An episode that failed is dropped and counted by
+its end reason. The two kinds differ only in how a batch's responses and rewards are made (`_completions`,
+`_episodes`); the samples are assembled and scored under π_ref alike.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,57 +35,79 @@ from tba.config.schema import SearchConfig
 from tba.models.generation import ended_with_eos, response_logprobs
 from tba.rollout.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
 from tba.rollout.samplers.base import Sampler
-from tba.tasks.base import Prompt, Task, batch_rewards
+from tba.tasks.base import Prompt, TaskAdapter
+
+
+@dataclass
+class SearcherStats:
+    """What a searcher has done, for metrics and the report (tba.runtime.worker.WorkerStats carries it)."""
+
+    batches: int = 0
+    samples_generated: int = 0
+    tokens_generated: int = 0
+    busy_s: float = 0.0
+    """Seconds in step() (generation, reference forward, rewards)."""
+    generate_s: float = 0.0
+    """Seconds in the sampler: tokens_generated / generate_s is its tokens/s."""
+    last_step_s: float = 0.0
+    loads: int = 0
+    """Weight versions loaded."""
+    rewards_dropped: int = 0
+    last_reward_error: str | None = None
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    """The task's own metrics of the last batch (each reward function's mean; episodes: turns and tokens)."""
+    episode_ends: dict[str, int] = field(default_factory=lambda: dict.fromkeys(END_REASONS, 0))
+    """Episodes ever ended, by reason."""
+
+    COUNTERS = ("batches", "samples_generated", "tokens_generated", "rewards_dropped", "episode_ends")
+    """What a resumed or restarted searcher continues counting from (`Searcher.state_dict`)."""
+
+
+@dataclass
+class _Batch:
+    """One batch's responses, prompt-major (S per prompt): token ids, behaviour log-probs, policy masks (empty:
+    single-turn) and rewards (None: dropped)."""
+
+    responses: list[list[int]]
+    behaviour: list[list[float]]
+    masks: list[list[int]]
+    rewards: list[float | None]
 
 
 class Searcher:
     def __init__(
-        self, sampler: Sampler, reference, tokenizer, task: Task, cfg: SearchConfig, *, seed: int,
+        self, sampler: Sampler, reference, tokenizer, task, cfg: SearchConfig, *, seed: int,
         shard: int = 0, num_shards: int = 1, source: str = "policy", scoring_temperature: float | None = None,
     ):
         """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature)."""
-        self.limits = Limits.of(cfg)  # a multi-turn task's
-        self.episode_ends = dict.fromkeys(END_REASONS, 0)  # episodes ever ended, by reason
-        self.sampler, self.reference, self.tokenizer, self.task, self.cfg = sampler, reference, tokenizer, task, cfg
+        self.sampler, self.reference, self.tokenizer, self.cfg = sampler, reference, tokenizer, cfg
+        self.task = TaskAdapter.of(task)
         self.source = source
         self.scoring_temperature = cfg.temperature if scoring_temperature is None else scoring_temperature
         self.reference.eval()
         self.version = 0
-        self.prompts: list[Prompt] = task.train[shard::num_shards]
+        self.stats = SearcherStats()
+        self.prompts: list[Prompt] = self.task.train[shard::num_shards]
         if not self.prompts:
             raise ValueError(f"searcher shard {shard}/{num_shards} owns no train prompts")
         self._order = list(range(len(self.prompts)))
-        self._rng = random.Random(seed)
-        self._rng.shuffle(self._order)
+        random.Random(seed).shuffle(self._order)
         self._cursor = 0
         self._prompt_tokens: dict[int, list[int]] = {}
-        self.samples_generated = 0
-        self.batches = 0
-        self.tokens_generated = 0
-        self.busy_s = 0.0  # seconds in step() (generation, reference forward, rewards)
-        self.generate_s = 0.0  # seconds in the sampler: tokens_generated / generate_s is its tokens/s
-        self.loads = 0  # weight versions loaded
-        self.rewards_dropped = 0
-        self.last_reward_error: str | None = None
-        self.reward_metrics: dict[str, float] = {}  # the task's own, of the last batch (each reward function's mean;
-        # multi-turn: turns and tokens per episode too)
 
     def state_dict(self) -> dict:
-        return {"cursor": self._cursor, "batches": self.batches, "samples_generated": self.samples_generated,
-                "tokens_generated": self.tokens_generated, "rewards_dropped": self.rewards_dropped,
-                "episode_ends": dict(self.episode_ends)}
+        return {"cursor": self._cursor, **{k: getattr(self.stats, k) for k in SearcherStats.COUNTERS}}
 
     def load_state_dict(self, state: dict) -> None:
         self._cursor = state["cursor"] % len(self._order)
-        self.batches, self.samples_generated = state["batches"], state["samples_generated"]
-        self.tokens_generated, self.rewards_dropped = state["tokens_generated"], state["rewards_dropped"]
-        self.episode_ends.update(state.get("episode_ends", {}))
+        for k in SearcherStats.COUNTERS:
+            setattr(self.stats, k, state[k])
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """The trainer's policy after `version` updates (`tba.models.synced_tensors` names), any device/dtype."""
         self.sampler.load_weights(weights, version)
         self.version = version
-        self.loads += 1
+        self.stats.loads += 1
 
     def _next_prompts(self) -> list[Prompt]:
         batch = []
@@ -96,86 +121,77 @@ class Searcher:
             self._prompt_tokens[prompt.id] = self.tokenizer(prompt.text)["input_ids"]
         return self._prompt_tokens[prompt.id]
 
+    def _generate(self, contexts: list[list[int]], num_samples: int, max_new_tokens: int):
+        t = time.perf_counter()
+        out = self.sampler.generate(contexts, num_samples=num_samples, temperature=self.cfg.temperature,
+                                    top_p=self.cfg.top_p, max_new_tokens=max_new_tokens)
+        self.stats.generate_s += time.perf_counter() - t
+        return out
+
     @torch.no_grad()
     def step(self) -> list[Group]:
         """One search iteration: prompts_per_batch prompts × S samples → one Group per prompt."""
         t0 = time.perf_counter()
-        self.batches += 1
+        self.stats.batches += 1
         prompts = self._next_prompts()
         prompt_tokens = [self._tokens(p) for p in prompts]
+        make = self._episodes if self.task.episodic else self._completions
+        batch = make(prompts, prompt_tokens)
+        groups = self._groups(prompts, prompt_tokens, batch)
+        self.stats.samples_generated += len(batch.responses)
+        self.stats.tokens_generated += sum(len(r) for r in batch.responses)
+        self.stats.last_step_s = time.perf_counter() - t0
+        self.stats.busy_s += self.stats.last_step_s
+        return groups
+
+    def _groups(self, prompts: list[Prompt], prompt_tokens: list[list[int]], batch: _Batch) -> list[Group]:
+        """The batch as one Group per prompt: every kept sample with its π_ref log-probs (the environment's
+        tokens zeroed) at the scoring temperature."""
         s = self.cfg.samples_per_prompt
-        tok = self.tokenizer
-        multi_turn = hasattr(self.task, "environment")
-        if multi_turn:
-            outputs, masks, rewards, episode_metrics = self._episodes(prompts, prompt_tokens)
-        else:
-            t_gen = time.perf_counter()
-            outputs = self.sampler.generate(prompt_tokens, num_samples=s, temperature=self.cfg.temperature,
-                                            top_p=self.cfg.top_p, max_new_tokens=self.cfg.max_new_tokens)
-            self.generate_s += time.perf_counter() - t_gen
-            masks = [[] for _ in outputs]
         flat_prompts = [pt for pt in prompt_tokens for _ in range(s)]
-        responses = [r for r, _ in outputs]
-        ref_logp, _ = response_logprobs(self.reference, flat_prompts, responses, self.scoring_temperature,
-                                        tok.pad_token_id)  # [N, R]
-        if not multi_turn:
-            texts = tok.batch_decode(responses, skip_special_tokens=True)
-            finished = ended_with_eos(responses, tok.eos_token_id)
-            rewards, error = batch_rewards(self.task, [p for p in prompts for _ in range(s)], texts, finished,
-                                           responses)
-            if error is not None:
-                self.rewards_dropped += sum(r is None for r in rewards)
-                self.last_reward_error = error
-        if hasattr(self.task, "reward_metrics"):
-            self.reward_metrics = self.task.reward_metrics()
-        if multi_turn:
-            self.reward_metrics = {**self.reward_metrics, **episode_metrics}
+        ref_logp, _ = response_logprobs(self.reference, flat_prompts, batch.responses, self.scoring_temperature,
+                                        self.tokenizer.pad_token_id)  # [N, R]
         groups = []
         for i, prompt in enumerate(prompts):
-            samples = []
-            for j in range(i * s, (i + 1) * s):
-                resp, behaviour = outputs[j]
-                reward = rewards[j]
-                if reward is None:
-                    continue
-                samples.append(Sample(
-                    response=resp,
-                    ref_logprobs=policy_logprobs(ref_logp[j, : len(resp)].tolist(), masks[j]),
-                    reward=reward,
-                    version=self.version,
-                    behaviour_logprobs=behaviour,
-                    source=self.source,
-                    policy_mask=masks[j],
-                ))
+            samples = [Sample(response=batch.responses[j],
+                              ref_logprobs=policy_logprobs(ref_logp[j, : len(batch.responses[j])].tolist(),
+                                                           batch.masks[j]),
+                              reward=batch.rewards[j], version=self.version, behaviour_logprobs=batch.behaviour[j],
+                              source=self.source, policy_mask=batch.masks[j])
+                       for j in range(i * s, (i + 1) * s) if batch.rewards[j] is not None]
             if samples:
                 groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples,
                                     source=self.source))
-        self.samples_generated += len(responses)
-        self.tokens_generated += sum(len(r) for r in responses)
-        self.last_step_s = time.perf_counter() - t0
-        self.busy_s += self.last_step_s
         return groups
 
-    def _episodes(self, prompts: list[Prompt], prompt_tokens: list[list[int]]):
-        """S episodes per prompt: ([(tokens after the prompt, behaviour log-probs)], [policy masks], [reward or
-        None], metrics) prompt-major; failed episodes get None (dropped) and every end is counted by reason."""
-        def generate(contexts, max_new_tokens):
-            t_gen = time.perf_counter()
-            out = self.sampler.generate(contexts, num_samples=1, temperature=self.cfg.temperature,
-                                        top_p=self.cfg.top_p, max_new_tokens=max_new_tokens)
-            self.generate_s += time.perf_counter() - t_gen
-            return out
+    def _completions(self, prompts: list[Prompt], prompt_tokens: list[list[int]]) -> _Batch:
+        """Single-turn: S completions per prompt from the sampler, scored by the task's reward."""
+        s = self.cfg.samples_per_prompt
+        outputs = self._generate(prompt_tokens, s, self.cfg.max_new_tokens)
+        responses = [r for r, _ in outputs]
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        finished = ended_with_eos(responses, self.tokenizer.eos_token_id)
+        rewards, error = self.task.batch_rewards([p for p in prompts for _ in range(s)], texts, finished, responses)
+        if error is not None:
+            self.stats.rewards_dropped += sum(r is None for r in rewards)
+            self.stats.last_reward_error = error
+        self.stats.reward_metrics = self.task.reward_metrics()
+        return _Batch(responses, [b for _, b in outputs], [[] for _ in outputs], rewards)
 
-        episodes = run_episodes(generate, self.tokenizer, self.task, prompts, prompt_tokens,
-                                num_samples=self.cfg.samples_per_prompt, max_new_tokens=self.cfg.max_new_tokens,
-                                limits=self.limits)
-        turns = [e.turns for e in episodes]
+    def _episodes(self, prompts: list[Prompt], prompt_tokens: list[list[int]]) -> _Batch:
+        """Multi-turn: S episodes per prompt, each turn from the sampler; failed episodes get None (dropped) and
+        every end is counted by reason."""
+        episodes = run_episodes(lambda contexts, n: self._generate(contexts, 1, n), self.tokenizer, self.task,
+                                prompts, prompt_tokens, num_samples=self.cfg.samples_per_prompt,
+                                max_new_tokens=self.cfg.max_new_tokens, limits=Limits.of(self.cfg))
         for e in episodes:
-            self.episode_ends[e.end] += 1
+            self.stats.episode_ends[e.end] += 1
             if e.reward is None:
-                self.rewards_dropped += 1
-                self.last_reward_error = f"prompt {e.prompt.id}: episode ended by {e.end}: {e.error}"
-        metrics = {"episode/turns_mean": sum(turns) / max(len(turns), 1),
-                   "episode/tokens_mean": sum(len(e.tokens) for e in episodes) / max(len(episodes), 1)}
-        return ([(e.tokens, e.logprobs) for e in episodes], [e.mask for e in episodes],
-                [e.reward for e in episodes], metrics)
+                self.stats.rewards_dropped += 1
+                self.stats.last_reward_error = f"prompt {e.prompt.id}: episode ended by {e.end}: {e.error}"
+        self.stats.reward_metrics = {
+            **self.task.reward_metrics(),
+            "episode/turns_mean": sum(e.turns for e in episodes) / max(len(episodes), 1),
+            "episode/tokens_mean": sum(len(e.tokens) for e in episodes) / max(len(episodes), 1)}
+        return _Batch([e.tokens for e in episodes], [e.logprobs for e in episodes], [e.mask for e in episodes],
+                      [e.reward for e in episodes])

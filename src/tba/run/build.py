@@ -43,7 +43,7 @@ from tba.plugins import load_object
 from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
 from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator
-from tba.rollout.samplers import SAMPLERS
+from tba.rollout.samplers import sampler_entry
 from tba.rollout.samplers.base import SamplerSpec
 from tba.run.checkpoint import CheckpointError, restore_trainer
 from tba.run.sft import cache_key
@@ -204,12 +204,13 @@ def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_
     """The sampler of searchers with `search`'s settings (default: the run's `search` section); another model
     than the trained policy (`trained_policy` False) gets no LoRA adapters."""
     s, m = search or cfg.search, cfg.model
-    target = SAMPLERS[s.backend].target if s.backend in SAMPLERS else s.backend  # or your own module:build
+    entry = sampler_entry(s.backend)  # a registered backend, or your own module:build
     max_len = s.vllm.max_model_len
     if max_len is None and cfg.task.max_prompt_tokens is not None:
         max_len = cfg.task.max_prompt_tokens + s.max_new_tokens
     lora = m.lora if m.lora.enabled and trained_policy else None
-    return SamplerSpec(target, m.dtype, lora, s.vllm, max_len, s.quantize)
+    return SamplerSpec(entry.target, m.dtype, lora, s.vllm, max_len, s.quantize, entry.takes_policy,
+                       entry.fresh_process, entry.child_env)
 
 
 def searcher_groups(cfg: RunConfig) -> list[SearcherGroup]:

@@ -27,6 +27,7 @@ from tba.models import save_checkpoint
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.sources import cache_dir
 from tba.rollout.evaluate import greedy_accuracy
+from tba.tasks.base import TaskAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def train_sft(model, tokenizer, task, sft: SFTConfig, *, seed: int, evaluation: 
 
     `constant_lr` replaces the warmup+cosine schedule (used to *continue* a finished SFT run at its final LR).
     """
-    if hasattr(task, "environment"):
+    task = TaskAdapter.of(task)
+    if task.episodic:
         raise ConfigError(f"sft.enabled: the warm start is single-turn and task {task.name} is multi-turn; give its "
                           "demonstrations to TB instead (data.source=task), or sft.enabled=false")
     steps = steps if steps is not None else sft.steps

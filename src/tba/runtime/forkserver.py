@@ -25,15 +25,11 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 
+from tba.rollout.samplers import sampler_entry
+
 PRELOAD = ("tba.runtime.local", "tba.rollout.samplers.hf")
 """What the server imports before its first fork: everything a searcher needs that is tba's own (a plugin of
 the user's is imported in each child, so an edited file is read afresh)."""
-
-
-def needs_fresh_process(backends) -> bool:
-    """Whether searchers with these sampler backends must start in a fresh interpreter: vLLM reads LD_PRELOAD
-    (on CPU) at process start and starts workers of its own."""
-    return "vllm" in backends
 
 
 def method(choice: str, needs_fresh_process: bool) -> str:
@@ -54,7 +50,7 @@ def start_early(cfg) -> bool:
     """`start` for a run whose local searchers will fork (a config's runtime, backends and start_method), else
     nothing (an idle server importing torch would only compete with the trainer for the cores); says which."""
     backends = [cfg.search.backend, *(g.backend for g in cfg.search.groups or [] if g.backend)]
-    fresh = needs_fresh_process(backends)
+    fresh = any(sampler_entry(b).fresh_process for b in backends)  # declared by the backend
     forks = cfg.runtime == "local" and method(cfg.supervision.start_method, fresh) == "forkserver"
     if forks:
         start()

@@ -15,7 +15,7 @@ import time
 from tba.algorithm.runtime import RuntimeReport
 from tba.algorithm.types import Group
 from tba.rollout.searcher import Searcher
-from tba.runtime.worker import RuntimeParts, build_sampler, episode_ends, mean_reward_metrics, restore_searcher
+from tba.runtime.worker import RuntimeParts, WorkerStats, build_sampler, restore_searcher, worker_report
 
 
 class InlineRuntime:
@@ -51,21 +51,9 @@ class InlineRuntime:
 
     def report(self) -> RuntimeReport:
         """States carry no RNG: the searchers share the trainer process's RNG, which the checkpoint saves."""
-        alive = max(time.perf_counter() - self.t_start, 1e-9) * len(self.all)
-        states = [s.state_dict() for s in self.all]
-        stats = {"searcher/samples": sum(s.samples_generated for s in self.all),
-                 "searcher/tokens": sum(s.tokens_generated for s in self.all),
-                 "searcher/busy_fraction": sum(s.busy_s for s in self.all) / alive,
-                 "searcher/generate_s": sum(s.generate_s for s in self.all),
-                 "sync/searcher_loads": sum(s.loads for s in self.all),
-                 "searcher/version_min": min(s.version for s in self.all),
-                 "searcher/rewards_dropped": sum(s.rewards_dropped for s in self.all), "searcher/restarts": 0,
-                 "searcher/quantize_s": sum(getattr(s.sampler, "quantize_s", 0.0) for s in self.all),
-                 **mean_reward_metrics([s.reward_metrics for s in self.all]),
-                 **episode_ends(states)}
+        stats = {rank: WorkerStats.of(s, rank, self.t_start, with_rng=False) for rank, s in enumerate(self.all)}
         placement = [{"rank": i, "pid": os.getpid(), "host": socket.gethostname()} for i in range(len(self.all))]
-        error = next((s.last_reward_error for s in self.all if s.last_reward_error), None)
-        return RuntimeReport(stats, states, placement, error)
+        return worker_report(stats, [x.state for x in stats.values()], placement, restarts=0)
 
     def stop(self) -> None:
         for s in self.all:
@@ -102,7 +90,7 @@ def build_inline(parts: RuntimeParts) -> InlineRuntime:
     the prompts in the order a process searcher of its rank would."""
     own, searchers = parts.inline, []
     for spec in parts.searchers:
-        shares = spec.search.backend == "hf" and spec.synced and spec.trained_policy  # else: load its own model
+        shares = spec.sampler.takes_policy and spec.synced and spec.trained_policy  # else: load its own model
         policy = copy.deepcopy(own.policy) if shares else None
         sampler = build_sampler(spec.sampler, source=spec.sources.policy, tokenizer=own.tokenizer,
                                 device=own.reference.device, seed=spec.seed, policy=policy)

@@ -45,12 +45,13 @@ import torch.multiprocessing as mp
 
 from tba.algorithm.types import Group
 from tba.models import resolve_device
-from tba.rollout.samplers.vllm import fast_cpu_env
+from tba.plugins import load_object
 from tba.runtime import forkserver
 from tba.runtime.specs import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
-from tba.runtime.worker import RuntimeParts, SearcherError, WorkerStats, build_searcher
+from tba.runtime.worker import RuntimeParts, SearcherError, Worker, build_searcher
+from tba.tasks.base import RewardError
 
 
 @dataclass
@@ -91,7 +92,7 @@ def _searcher_main(a: WorkerArgs):
             if stop.is_set() or os.getppid() != parent_pid:
                 out_q.cancel_join_thread()
                 return
-        t_start, busy, sync_s = time.perf_counter(), 0.0, 0.0
+        worker = Worker(searcher, rank, a.spec.synced, receiver)
         while not stop.is_set():
             if os.getppid() != parent_pid:
                 # orphaned: the trainer is gone. Batches already handed to the queue's feeder thread can never
@@ -100,16 +101,15 @@ def _searcher_main(a: WorkerArgs):
                 return
             if request is not None and not request.acquire(timeout=0.2):
                 continue  # sync mode: wait to be asked
-            sync_s += receiver.poll(searcher) if a.spec.synced else 0.0
-            groups = searcher.step()
-            busy += searcher.last_step_s
-            stats = WorkerStats.of(searcher, rank, t_start, busy, sync_s)
+            groups, stats = worker.step()
             while not stop.is_set() and os.getppid() == parent_pid:  # a full queue whose trainer died: exit
                 try:
                     out_q.put(("groups", tag, (groups, stats)), timeout=0.5)
                     break
                 except queue_lib.Full:
                     continue
+    except RewardError as e:  # a broken reward function: every restart would fail alike, the run stops
+        out_q.put(("fatal", tag, str(e)))
     except BaseException:
         out_q.put(("error", tag, traceback.format_exc()))
     finally:
@@ -137,7 +137,7 @@ class LocalRuntime(WorkerRuntime):
         goes on (its first evaluation); they generate only once `start` sets `go`."""
         if self._procs:
             return
-        fresh = forkserver.needs_fresh_process([spec.search.backend for spec in self.specs])
+        fresh = any(spec.sampler.fresh_process for spec in self.specs)  # declared by the backend
         self.start_method = forkserver.method(self.supervision.start_method, fresh)
         if self.start_method == "forkserver":
             forkserver.start()  # a no-op when `tba train` started it already
@@ -163,13 +163,11 @@ class LocalRuntime(WorkerRuntime):
         self.go.set()
 
     def _child_env(self, spec: SearcherSpec) -> dict[str, str]:
-        """Variables a searcher process needs from its first instruction: vLLM on CPU runs several times
-        faster with tcmalloc and Intel OpenMP preloaded (search.vllm.fast_cpu_env), and LD_PRELOAD is read
-        by the dynamic loader only when a process starts."""
-        on_cpu = spec.device == "cpu" or (spec.device == "auto" and not torch.cuda.is_available())
-        if spec.search.backend == "vllm" and spec.sampler.vllm.fast_cpu_env and on_cpu:
-            return fast_cpu_env()
-        return {}
+        """Variables a searcher process needs from its first instruction, as its backend declares them (vLLM on
+        CPU: LD_PRELOAD, which the dynamic loader reads only when a process starts)."""
+        if spec.sampler.child_env is None:
+            return {}
+        return load_object(spec.sampler.child_env, "search.backend")(spec.sampler, spec.device)
 
     def _spawn(self, rank: int):
         env = self._child_env(self.specs[rank])
@@ -235,6 +233,8 @@ class LocalRuntime(WorkerRuntime):
             self.supervisor.ready(rank, owes=self._owes(rank))
         if kind == "error" and incarnation == self._incarnation[rank]:
             self._restart(rank, f"failed:\n{payload}")
+        if kind == "fatal":
+            raise RewardError(payload)
         return None
 
     def _get(self, deadline: float, what: str):

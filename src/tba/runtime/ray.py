@@ -39,7 +39,8 @@ from tba.algorithm.types import Group
 from tba.runtime.specs import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
-from tba.runtime.worker import RuntimeParts, SearcherError, WorkerStats, build_searcher, restore_searcher
+from tba.runtime.worker import RuntimeParts, SearcherError, Worker, build_searcher, restore_searcher
+from tba.tasks.base import RewardError
 
 logger = logging.getLogger(__name__)
 
@@ -51,38 +52,34 @@ except ImportError:  # the optional extra is missing
 
 class _SearcherActor:
     def __init__(self, spec: SearcherSpec, state: dict | None, weights_spec):
-        self.searcher = build_searcher(spec, state)
-        self.rank, self.t_start, self.busy, self.sync_s = spec.rank, time.perf_counter(), 0.0, 0.0
-        self.synced = spec.synced  # False: a fixed behaviour policy, which never loads the trainer's weights
-        self.receiver, self._weights_spec = None, weights_spec
+        self.worker = Worker(build_searcher(spec, state), spec.rank, spec.synced, receiver=None)
+        self._weights_spec = weights_spec
 
     def _open(self, spec) -> None:
-        if self.receiver is not None:
-            self.receiver.close()
-        self.receiver = spec.open(self.rank, self.searcher.reference.device, ray.util.get_node_ip_address())
-        if self.synced:
-            self.receiver.load_initial(self.searcher)
+        worker = self.worker
+        if worker.receiver is not None:
+            worker.receiver.close()
+        worker.receiver = spec.open(worker.rank, worker.searcher.reference.device, ray.util.get_node_ip_address())
+        if worker.synced:  # a fixed behaviour policy never loads the trainer's weights
+            worker.receiver.load_initial(worker.searcher)
 
     def restore(self, state: dict | None, weights_spec) -> None:
         """After a Ray restart (which re-runs __init__ with the original arguments): continue from `state`, and
         receive weights through `weights_spec` (a broadcast: the group the driver formed for this incarnation)."""
-        restore_searcher(self.searcher, state)
+        restore_searcher(self.worker.searcher, state)
         self._open(weights_spec)
 
     def ready(self) -> dict:
         """First start only (restarts get `restore`): join the weight group, load the trainer's weights."""
         self._open(self._weights_spec)
-        return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
+        return {"rank": self.worker.rank, "node_id": ray.get_runtime_context().get_node_id(),
+                "host": socket.gethostname()}
 
     def step(self, *carried):
         """One batch; `carried` = (version, weights) when the transport sends weights with calls (object_store)."""
         if carried:
-            self.receiver.offer(*carried)
-        if self.synced:
-            self.sync_s += self.receiver.poll(self.searcher)
-        groups = self.searcher.step()
-        self.busy += self.searcher.last_step_s
-        return groups, WorkerStats.of(self.searcher, self.rank, self.t_start, self.busy, self.sync_s)
+            self.worker.receiver.offer(*carried)
+        return self.worker.step()
 
 
 class RayRuntime(WorkerRuntime):
@@ -145,6 +142,7 @@ class RayRuntime(WorkerRuntime):
         except ray.exceptions.GetTimeoutError:
             raise SearcherError(f"timed out after {timeout:.0f}s waiting for searchers {what}") from None
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+            _raise_user_error(e)
             who = "a searcher" if rank is None else f"searcher {rank}"
             raise SearcherError(f"{who} failed. Traceback (remote, from Ray):\n{e}") from None
 
@@ -158,6 +156,7 @@ class RayRuntime(WorkerRuntime):
         try:
             groups, stats = ray.get(ref, timeout=timeout)
         except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+            _raise_user_error(e)
             self._recover(i, e)
             return []
         except ray.exceptions.GetTimeoutError:
@@ -270,6 +269,13 @@ class RayRuntime(WorkerRuntime):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
+
+
+def _raise_user_error(error: Exception) -> None:
+    """A searcher's RewardError (a broken reward function) ends the run with its one line, as in-process: a
+    restart would fail alike."""
+    if isinstance(getattr(error, "cause", None), RewardError):
+        raise error.cause from None
 
 
 def build(parts: RuntimeParts) -> RayRuntime:

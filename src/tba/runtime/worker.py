@@ -101,9 +101,10 @@ def restore_searcher(searcher, state: dict | None) -> None:
         set_rng_state(state["rng"])
 
 
-def worker_state(searcher) -> dict:
-    """What a worker reports with each batch so the trainer can checkpoint or restart it."""
-    return {**searcher.state_dict(), "rng": rng_state()}
+def worker_state(searcher, with_rng: bool = True) -> dict:
+    """What a worker reports with each batch so the trainer can checkpoint or restart it: the searcher's state and
+    its process's RNG (`with_rng` False: a searcher in the trainer's process, whose RNG the checkpoint saves)."""
+    return {**searcher.state_dict(), **({"rng": rng_state()} if with_rng else {})}
 
 
 @dataclass
@@ -131,17 +132,34 @@ class WorkerStats:
     """The task's own metrics of its last batch (each reward function's mean: `reward/<name>`)."""
 
     @classmethod
-    def of(cls, searcher, rank: int, t_start: float, busy_s: float, sync_s: float) -> WorkerStats:
-        return cls(rank=rank, version=searcher.version, samples=searcher.samples_generated, busy_s=busy_s,
-                   alive_s=time.perf_counter() - t_start, sync_s=sync_s, generate_s=searcher.generate_s,
-                   loads=searcher.loads, quantize_s=getattr(searcher.sampler, "quantize_s", 0.0),
-                   state=worker_state(searcher), reward_error=searcher.last_reward_error,
-                   reward_metrics=searcher.reward_metrics)
+    def of(cls, searcher, rank: int, t_start: float, sync_s: float = 0.0, with_rng: bool = True) -> WorkerStats:
+        s = searcher.stats
+        return cls(rank=rank, version=searcher.version, samples=s.samples_generated, busy_s=s.busy_s,
+                   alive_s=time.perf_counter() - t_start, sync_s=sync_s, generate_s=s.generate_s, loads=s.loads,
+                   quantize_s=searcher.sampler.quantize_s, state=worker_state(searcher, with_rng),
+                   reward_error=s.last_reward_error, reward_metrics=s.reward_metrics)
+
+
+class Worker:
+    """A searcher where a runtime hosts it (a process, a Ray actor): one batch per `step`, the newest published
+    weights loaded first when it follows the trainer (`synced`), and what the trainer hears with each batch. The
+    same for every runtime: only how `step` is called and how its result travels differ."""
+
+    def __init__(self, searcher, rank: int, synced: bool, receiver):
+        self.searcher, self.rank, self.synced, self.receiver = searcher, rank, synced, receiver
+        self.t_start, self.sync_s = time.perf_counter(), 0.0
+
+    def step(self) -> tuple[list, WorkerStats]:
+        if self.synced:  # a fixed behaviour (a group that never syncs) keeps its own weights
+            self.sync_s += self.receiver.poll(self.searcher)
+        groups = self.searcher.step()
+        return groups, WorkerStats.of(self.searcher, self.rank, self.t_start, self.sync_s)
 
 
 def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None], placement: list[dict],
                   restarts: int) -> RuntimeReport:
-    """The report of a runtime whose searchers send `WorkerStats` with each batch (processes, Ray actors)."""
+    """What a runtime reports of its searchers (the loop's `RuntimeReport`), from the `WorkerStats` of each one's
+    last batch: written once for every runtime."""
     s = [per_searcher[rank] for rank in sorted(per_searcher)]
     stats = {"searcher/restarts": restarts}
     if s:
@@ -167,7 +185,7 @@ def episode_ends(states: list[dict]) -> dict[str, float]:
     `episode/ended_<reason>`; nothing for a single-turn run."""
     totals: dict[str, int] = {}
     for state in states:
-        for reason, n in state.get("episode_ends", {}).items():
+        for reason, n in state["episode_ends"].items():
             totals[reason] = totals.get(reason, 0) + n
     if not any(totals.values()):
         return {}

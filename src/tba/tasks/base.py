@@ -1,19 +1,14 @@
-"""The Task interface: what a verifiable task gives the rest of `tba`.
+"""The task interface: what a verifiable task gives the rest of `tba`, declared once.
 
-A task is data plus a verifier. The searcher needs train prompts and `reward`; the evaluator needs test
-prompts and `reward` again (greedy pass@1 is the mean reward of greedy completions); the SFT warm start
-needs `demonstrations`. Nothing else in the package knows what the task is about, so a new task is one
-file that returns a `Task`, named in the config as `task.name: path/to/file.py:factory` or
-`package.module:factory` (see docs/tasks.md); tba.tasks.prepare.build_task builds every task, registered or not.
+A task is data plus a verifier. The searcher needs train prompts and a reward; the evaluator needs test prompts
+and the reward again (greedy pass@1 is the mean reward of greedy completions); the SFT warm start needs
+`demonstrations`. Nothing else in the package knows what the task is about, so a new task is one file that
+returns a `Task` (single-turn: `reward`) or an `EpisodicTask` (multi-turn: `environment`), named in the config as
+`task.name: path/to/file.py:factory` or `package.module:factory` (docs/tasks.md, docs/environments.md).
 
-Two optional methods serve rewards that are models rather than rules (a reward model, a victim LM plus a
-toxicity classifier): `rewards(prompts, completions, finished)` scores a whole batch at once (one forward
-pass instead of N) and sees whether each response ended with EOS (the TL;DR reward penalises those that did
-not); `eval_metrics(prompts, completions, finished)` adds held-out metrics (win rate, attack success rate,
-diversity) to the mean reward that evaluation always reports. A task whose response space is small enough
-to enumerate may define `exact_metrics(policy, reference, tokenizer, scoring)`: evaluation then hands it the
-models and the run's `Scoring` (how responses are sampled and scored), and it reports properties of the
-whole distribution π_θ rather than of sampled completions (the `enumerable` task: KL to π*).
+Every optional hook is listed in `OPTIONAL_HOOKS`, with what it is for. `TaskAdapter` is the task as the rest of
+tba uses it: made once (tba.tasks.prepare.build_task), it looks each hook up once and gives the default where a
+task has none, so no other module asks a task what it can do.
 """
 
 from __future__ import annotations
@@ -21,8 +16,11 @@ from __future__ import annotations
 import inspect
 import math
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from tba.errors import ConfigError, UserError
 
 
 @dataclass(frozen=True)
@@ -49,75 +47,220 @@ class Scoring:
 
 
 class Task(Protocol):
+    """A single-turn task: each completion is scored by `reward`."""
+
     name: str
     train: list[Prompt]
     test: list[Prompt]
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         """Scalar reward of `completion` (the decoded response, special tokens removed) for `prompt`."""
-        ...
-
-    def demonstrations(self, prompts: list[Prompt], seed: int) -> list[str]:
-        """One demonstration completion per prompt, used by the SFT warm start."""
-        ...
-
-    # Optional (looked up with getattr; a task may define neither):
-    #   def rewards(self, prompts: list[Prompt], completions: list[str], finished: list[bool]) -> list[float]
-    #       Batched reward; used instead of `reward` when present. finished[i]: response i ended with EOS.
-    #   def eval_metrics(self, prompts: list[Prompt], completions: list[str], finished: list[bool]) -> dict
-    #       Extra held-out metrics {name: float} of the evaluation completions.
-    #   def exact_metrics(self, policy, reference, tokenizer, scoring: Scoring) -> dict
-    #       Metrics of the whole distribution π_θ, computed exactly (every response enumerated).
 
 
-def checked_reward(task: Task, prompt: Prompt, completion: str) -> float:
-    """`task.reward` as a finite float; raises ValueError if the reward function returns NaN/inf."""
-    value = float(task.reward(prompt, completion))
-    if not math.isfinite(value):
-        raise ValueError(f"reward returned {value}")
-    return value
+class Environment(Protocol):
+    """One episode of a multi-turn task (TRL's environment shape); `reset(prompt)` is optional."""
+
+    def step(self, action: str) -> str | None:
+        """The text after the policy's turn `action` (decoded, special tokens removed), or None to end."""
+
+    def get_reward(self) -> float:
+        """The episode's reward, once it is over."""
 
 
-def batch_rewards(task: Task, prompts: list[Prompt], completions: list[str], finished: list[bool],
-                  completion_ids: list[list[int]] | None = None) -> tuple[list[float | None], str | None]:
-    """Rewards of a batch: `task.rewards` if the task has it, else `task.reward` one by one. A `rewards` that
-    names a `completion_ids` parameter also gets the responses' token ids.
+class EpisodicTask(Protocol):
+    """A multi-turn task: each sample is an episode against a fresh environment (tba.rollout.episodes)."""
 
-    Returns (values, last error): a value is None where the reward raised, was not finite or was None (a
-    batched reward that raises fails the whole batch), and the error text says which prompt and why, for the log.
-    """
-    n = len(completions)
-    if not len(prompts) == n == len(finished):
-        raise ValueError(f"batch_rewards: {len(prompts)} prompts, {n} completions, {len(finished)} flags")
-    batched = getattr(task, "rewards", None)
-    if batched is None:
-        values, error = [], None
-        for p, c in zip(prompts, completions, strict=True):
-            try:
-                values.append(checked_reward(task, p, c))
-            except Exception:
-                values.append(None)
-                error = f"prompt {p.id}: {traceback.format_exc(limit=-2).strip()}"
+    name: str
+    train: list[Prompt]
+    test: list[Prompt]
+
+    def environment(self, prompt: Prompt) -> Environment:
+        """A fresh environment for one episode of `prompt`."""
+
+
+OPTIONAL_HOOKS = {
+    "rewards": "rewards(prompts, completions, finished[, completion_ids]) -> list[float | None]: the whole batch "
+               "at once (a reward model's one forward pass); used instead of `reward`",
+    "demonstrations": "demonstrations(prompts, seed) -> list[str] (episodic: list[list[str]], the policy's turns): "
+                      "the SFT warm start and data.source=task",
+    "corpus": "corpus() -> list[str]: text the builtin model's tokenizer is trained on",
+    "eval_metrics": "eval_metrics(prompts, completions, finished) -> dict: held-out metrics besides the mean reward",
+    "exact_metrics": "exact_metrics(policy, reference, tokenizer, scoring) -> dict: metrics of the whole "
+                     "distribution π_θ, every response enumerated",
+    "reward_metrics": "reward_metrics() -> dict: metrics of the last batch scored (each reward function's mean)",
+    "episode_metrics": "episode_metrics(episodes) -> dict: held-out metrics of an episodic task's episodes",
+    "use_tokenizer": "use_tokenizer(tokenizer): the run's tokenizer, once prompts are rendered (an environment "
+                     "that writes chat turns needs it)",
+}
+"""Every hook a task may define besides its kind's required ones, and what it is for."""
+
+
+class RewardError(UserError, ValueError):
+    """A reward function broke its contract (what it returned, not a failure on one completion): every batch
+    would fail the same way, so the run stops, naming the function."""
+
+    label = "reward error"
+
+
+def _finite(value, who: str, what: str) -> float | None:
+    """`value` as a float, None where it is None or not finite; RewardError where it is not a number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) and not hasattr(value, "__float__"):
+        raise RewardError(f"{who} returned {value!r} ({type(value).__name__}) {what}; it must return a number "
+                          "(or None to skip)")
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class TaskAdapter:
+    """A task as tba uses it: its hooks looked up once, each with its default (`OPTIONAL_HOOKS`).
+
+    `train`/`test` are the task's own lists (rendering and length limits replace them on the task itself, so a
+    task's methods see what the searchers see)."""
+
+    def __init__(self, task):
+        self.task = task
+        self.name = getattr(task, "name", type(task).__name__)
+        self.episodic = callable(getattr(task, "environment", None))
+        self.hooks: dict[str, Callable] = {h: fn for h in OPTIONAL_HOOKS if callable(fn := getattr(task, h, None))}
+        self._reward = getattr(task, "reward", None)
+        self._rewards_take_ids = ("rewards" in self.hooks
+                                  and "completion_ids" in inspect.signature(self.hooks["rewards"]).parameters)
+
+    @classmethod
+    def of(cls, task) -> TaskAdapter:
+        return task if isinstance(task, TaskAdapter) else cls(task)
+
+    def missing(self) -> list[str]:
+        """What the task lacks of its kind's required surface."""
+        scored = self.episodic or self._reward is not None or "rewards" in self.hooks
+        return [a for a in ("name", "train", "test") if not hasattr(self.task, a)] + (
+            [] if scored else ["reward (or environment)"])
+
+    @property
+    def train(self) -> list[Prompt]:
+        return self.task.train
+
+    @train.setter
+    def train(self, prompts: list[Prompt]) -> None:
+        self.task.train = prompts
+
+    @property
+    def test(self) -> list[Prompt]:
+        return self.task.test
+
+    @test.setter
+    def test(self, prompts: list[Prompt]) -> None:
+        self.task.test = prompts
+
+    def has(self, hook: str) -> bool:
+        return hook in self.hooks
+
+    # ---- the hooks, with their defaults ------------------------------------------------------------------------
+    def environment(self, prompt: Prompt) -> Environment:
+        return self.task.environment(prompt)
+
+    def demonstrations(self, prompts: list[Prompt], seed: int) -> list:
+        if "demonstrations" not in self.hooks:
+            raise ConfigError(f"task {self.name} has no demonstrations(): it cannot warm-start the builtin model "
+                              "or give data.source=task")
+        return self.hooks["demonstrations"](prompts, seed=seed)
+
+    def corpus(self) -> list[str]:
+        if "corpus" not in self.hooks:
+            raise ConfigError(f"task {self.name} has no corpus() to train the builtin model's tokenizer on; give "
+                              "it a real model (model.policy=...)")
+        return self.hooks["corpus"]()
+
+    def eval_metrics(self, prompts, completions, finished) -> dict[str, float]:
+        hook = self.hooks.get("eval_metrics")
+        return {k: float(v) for k, v in hook(prompts, completions, finished).items()} if hook else {}
+
+    def exact_metrics(self, policy, reference, tokenizer, scoring: Scoring) -> dict[str, float]:
+        hook = self.hooks.get("exact_metrics")
+        return {k: float(v) for k, v in hook(policy, reference, tokenizer, scoring).items()} if hook else {}
+
+    def reward_metrics(self) -> dict[str, float]:
+        hook = self.hooks.get("reward_metrics")
+        return hook() if hook else {}
+
+    def episode_metrics(self, episodes) -> dict[str, float]:
+        hook = self.hooks.get("episode_metrics")
+        return {k: float(v) for k, v in hook(episodes).items()} if hook else {}
+
+    def use_tokenizer(self, tokenizer) -> None:
+        if "use_tokenizer" in self.hooks:
+            self.hooks["use_tokenizer"](tokenizer)
+
+    # ---- rewards ----------------------------------------------------------------------------------------------
+    def reward(self, prompt: Prompt, completion: str) -> float | None:
+        """One completion's reward (None: not finite); what `batch_rewards` computes for a batch of one."""
+        return self.batch_rewards([prompt], [completion], [True])[0][0]
+
+    def batch_rewards(self, prompts: list[Prompt], completions: list[str], finished: list[bool],
+                      completion_ids: list[list[int]] | None = None) -> tuple[list[float | None], str | None]:
+        """Rewards of a batch: the task's `rewards` if it has one, else `reward` one by one.
+
+        Returns (values, last error): a value is None where the reward raised, was not finite or was None (a batched
+        reward that raises fails the whole batch), and the error text says which prompt and why, for the log. A
+        reward function that returns the wrong number of values or something that is not a number raises
+        RewardError instead: that is a broken contract, not a bad completion."""
+        n = len(completions)
+        if not len(prompts) == n == len(finished):
+            raise ValueError(f"batch_rewards: {len(prompts)} prompts, {n} completions, {len(finished)} flags")
+        batched = self.hooks.get("rewards")
+        if batched is None:
+            who = f"{type(self.task).__name__}.reward"
+            values, error = [], None
+            for p, c in zip(prompts, completions, strict=True):
+                try:
+                    raw = self._reward(p, c)
+                except Exception:
+                    values.append(None)
+                    error = f"prompt {p.id}: {traceback.format_exc(limit=-2).strip()}"
+                    continue
+                value = _finite(raw, who, f"for prompt {p.id}")
+                values.append(value)
+                if value is None:
+                    error = f"prompt {p.id}: reward returned {raw}"
+            return values, error
+        who = f"{type(self.task).__name__}.rewards"
+        try:
+            raw = batched(prompts, completions, finished,
+                          **({"completion_ids": completion_ids} if self._rewards_take_ids else {}))
+        except RewardError:
+            raise
+        except Exception:
+            ids = sorted({p.id for p in prompts})
+            return [None] * n, f"prompts {ids[:8]}: {traceback.format_exc(limit=-2).strip()}"
+        if not isinstance(raw, list | tuple) or len(raw) != n:
+            got = f"{len(raw)} values" if isinstance(raw, list | tuple) else f"{type(raw).__name__} {raw!r:.60}"
+            raise RewardError(f"{who} returned {got} for {n} completions; it must return a list of {n} numbers "
+                              "(None to skip one)")
+        values = [_finite(v, who, f"for completion {i}") for i, v in enumerate(raw)]
+        bad = [i for i, v in enumerate(values) if v is None and raw[i] is not None]
+        error = f"prompt {prompts[bad[-1]].id}: reward returned {raw[bad[-1]]}" if bad else None
         return values, error
-    try:
-        extra = {"completion_ids": completion_ids} if "completion_ids" in inspect.signature(batched).parameters else {}
-        raw = [math.nan if v is None else float(v) for v in batched(prompts, completions, finished, **extra)]
-        if len(raw) != n:
-            raise ValueError(f"task.rewards returned {len(raw)} values for {n} completions")
-    except Exception:
-        ids = sorted({p.id for p in prompts})
-        return [None] * n, f"prompts {ids[:8]}: {traceback.format_exc(limit=-2).strip()}"
-    bad = [i for i, v in enumerate(raw) if not math.isfinite(v)]
-    error = f"prompt {prompts[bad[-1]].id}: reward returned {raw[bad[-1]]}" if bad else None
-    return [v if math.isfinite(v) else None for v in raw], error
+
+    def accuracy(self, prompts: list[Prompt], completions: list[str], finished: list[bool] | None = None,
+                 completion_ids: list[list[int]] | None = None) -> float:
+        """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1.
+        A reward that raises or is not finite scores 0 here (evaluation must not stop a run). `finished` (did
+        each completion end with EOS) matters to rewards that penalise unfinished ones; None = all finished."""
+        if not prompts:
+            return float("nan")
+        values, _ = self.batch_rewards(prompts, completions, finished or [True] * len(completions), completion_ids)
+        return sum(v or 0.0 for v in values) / len(prompts)
 
 
-def accuracy(task: Task, prompts: list[Prompt], completions: list[str], finished: list[bool] | None = None,
+def batch_rewards(task, prompts: list[Prompt], completions: list[str], finished: list[bool],
+                  completion_ids: list[list[int]] | None = None) -> tuple[list[float | None], str | None]:
+    """`TaskAdapter.batch_rewards` of any task (what a task's own code calls on itself)."""
+    return TaskAdapter.of(task).batch_rewards(prompts, completions, finished, completion_ids)
+
+
+def accuracy(task, prompts: list[Prompt], completions: list[str], finished: list[bool] | None = None,
              completion_ids: list[list[int]] | None = None) -> float:
-    """Mean reward over prompts, i.e. pass@1 when the completions are greedy and the reward is 0/1.
-    A reward that raises or is not finite scores 0 here (evaluation must not stop a run). `finished` (did
-    each completion end with EOS) matters to rewards that penalise unfinished ones; None = all finished."""
-    if not prompts:
-        return float("nan")
-    values, _ = batch_rewards(task, prompts, completions, finished or [True] * len(completions), completion_ids)
-    return sum(v or 0.0 for v in values) / len(prompts)
+    """`TaskAdapter.accuracy` of any task."""
+    return TaskAdapter.of(task).accuracy(prompts, completions, finished, completion_ids)

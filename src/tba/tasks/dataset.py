@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tba.errors import ConfigError
 from tba.plugins import load_object
-from tba.tasks.base import Prompt
+from tba.tasks.base import Prompt, RewardError
 from tba.tasks.data import DataLoadError, quiet
 
 
@@ -70,6 +70,20 @@ def reward_functions(reward) -> list[Callable]:
                           "(task.options.reward=path/to/rewards.py:fn, or reward_funcs=[fn] in Python)")
     items = reward.split(",") if isinstance(reward, str) else reward if isinstance(reward, list | tuple) else [reward]
     return [load_object(r.strip(), "task.options.reward") if isinstance(r, str) else r for r in items]
+
+
+def _checked(values, name: str, n: int) -> list[float | None]:
+    """A reward function's values as floats (None kept: it skips that completion); RewardError, naming the function,
+    when it returned something else than one number or None per completion."""
+    what = f"it must return a list of {n} numbers, one per completion (None to skip one)"
+    if not isinstance(values, list | tuple):
+        raise RewardError(f"reward function {name} returned {type(values).__name__} {values!r:.60}; {what}")
+    if len(values) != n:
+        raise RewardError(f"reward function {name} returned {len(values)} values for {n} completions; {what}")
+    for i, v in enumerate(values):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) and not hasattr(v, "__float__")):
+            raise RewardError(f"reward function {name} returned {v!r} ({type(v).__name__}) for completion {i}; {what}")
+    return [None if v is None else float(v) for v in values]
 
 
 def _call(fn: Callable, kwargs: dict) -> list:
@@ -140,11 +154,8 @@ class DatasetTask:
         total: list[float | None] = [None] * len(completions)
         self._last = {}
         for fn, name, weight in zip(self.functions, self.reward_names, self.weights, strict=True):
-            values = list(_call(fn, kwargs))
-            if len(values) != len(completions):
-                raise ValueError(f"reward function {name} returned {len(values)} values for {len(completions)} "
-                                 "completions (it must return one per completion)")
-            scored = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+            values = _checked(_call(fn, kwargs), name, len(completions))
+            scored = [v for v in values if v is not None and math.isfinite(v)]
             self._last[f"reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
             for i, v in enumerate(values):
                 if v is not None and math.isfinite(float(v)):

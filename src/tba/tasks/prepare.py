@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tba.errors import ConfigError
 from tba.plugins import call_with_options, load_object
-from tba.tasks.base import Task
+from tba.tasks.base import TaskAdapter
 
 
 @dataclass(frozen=True)
@@ -30,19 +30,19 @@ class TaskSpec:
 SIZES = ("train_size", "test_size")
 
 
-def build_task(spec: TaskSpec, tokenizer=None) -> Task:
+def build_task(spec: TaskSpec, tokenizer=None) -> TaskAdapter:
     """The task `spec` describes: its factory called with its options (and the sizes where it takes them),
-    checked to look like a Task; with `spec.chat_template` its prompts are wrapped by `tokenizer`'s template."""
+    checked to be a Task or an EpisodicTask and adapted once (tba.tasks.base.TaskAdapter); with
+    `spec.chat_template` its prompts are wrapped by `tokenizer`'s template."""
     options = dict(spec.options)
     if clash := [k for k in SIZES if k in options]:
         raise ConfigError(f"task.options.{clash[0]}: set task.{clash[0]} instead")
-    task = call_with_options(load_object(spec.target, "task.name"), options, "task.options",
-                             train_size=spec.train_size, test_size=spec.test_size)
-    scored_by = "environment" if hasattr(task, "environment") else "reward"  # multi-turn: the environment scores
-    missing = [a for a in ("name", "train", "test", scored_by) if not hasattr(task, a)]
-    if missing:
-        raise ConfigError(f"task.name: {spec.target} returned {type(task).__name__}, which lacks {', '.join(missing)} "
-                          "(a task scores completions with `reward`, or episodes with `environment`)")
+    task = TaskAdapter(call_with_options(load_object(spec.target, "task.name"), options, "task.options",
+                                         train_size=spec.train_size, test_size=spec.test_size))
+    if missing := task.missing():
+        raise ConfigError(f"task.name: {spec.target} returned {type(task.task).__name__}, which lacks "
+                          f"{', '.join(missing)} (a task scores completions with `reward`, or episodes with "
+                          "`environment`: tba.tasks.base)")
     if not task.train or not task.test:
         raise ConfigError(f"task.name: {spec.target} returned no train or no test prompts")
     if tokenizer is not None:
@@ -50,13 +50,12 @@ def build_task(spec: TaskSpec, tokenizer=None) -> Task:
     return task
 
 
-def apply_chat_template(task, tokenizer, every_prompt: bool = True) -> None:
+def apply_chat_template(task: TaskAdapter, tokenizer, every_prompt: bool = True) -> None:
     """Rewrite prompts as `tokenizer`'s chat rendering, ready for the assistant reply: prompts given as chat
     messages (`meta["messages"]`, e.g. the dataset task's conversational rows) always, and with `every_prompt`
-    (task.chat_template) every other prompt too, as one user turn. A task with a `tokenizer` attribute gets this
-    tokenizer (a multi-turn task renders its environment's turns with it: tba.rollout.episodes.chat_turn)."""
-    if hasattr(task, "tokenizer"):
-        task.tokenizer = tokenizer
+    (task.chat_template) every other prompt too, as one user turn. A task with `use_tokenizer` gets this
+    tokenizer (a multi-turn task renders its environment's turns with it: tba.tasks.tools.chat_turn)."""
+    task.use_tokenizer(tokenizer)
     chat = any("messages" in p.meta for p in task.train + task.test)
     if not every_prompt and not chat:
         return

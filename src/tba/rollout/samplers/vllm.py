@@ -72,6 +72,15 @@ def fast_cpu_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {"LD_PRELOAD": ":".join([user, *add] if user else add)}
 
 
+def child_env(spec, device: str) -> dict[str, str]:
+    """What a vLLM searcher process must start with (tba.rollout.samplers.SamplerEntry.child_env): on a CPU, with
+    search.vllm.fast_cpu_env, the preloads of `fast_cpu_env`."""
+    import torch
+
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return fast_cpu_env() if spec.vllm.fast_cpu_env and on_cpu else {}
+
+
 # vLLM log lines that are expected here, by logger: the chat-template warm-up traceback (no tokenizer, on
 # purpose), one line per weight when the checkpoint's dtype is not the engine's (cast on purpose), and the
 # rotary cache 'failed to load' on every reload (it is computed, not a checkpoint weight)
@@ -115,6 +124,8 @@ def _no_global_side_effects():
 
 
 class VLLMSampler:
+    quantize_s = 0.0  # vLLM loads what it is given (fp8: give it an fp8 checkpoint)
+
     def __init__(self, source: str, tokenizer, *, spec: SamplerSpec, device: torch.device, seed: int):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see module docstring: the model must be in-process
         from vllm import LLM
