@@ -42,7 +42,7 @@ def quarters(metrics: list[dict], key: str) -> list[float]:
     if not vals:
         return []
     q = max(1, len(vals) // 4)
-    return [statistics.median(vals[i:i + q]) for i in range(0, q * 4, q)]
+    return [statistics.median(vals[i:i + q]) for i in range(0, min(q * 4, len(vals)), q)]  # < 4 values: each one
 
 
 def run_seed(seed: int, out: Path, overrides: list[str], recipe: str = "smollm2_rg_cpu") -> None:

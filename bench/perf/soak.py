@@ -126,8 +126,9 @@ def soak(args, root: Path) -> None:
               "machine": machine(), "overrides": args.overrides, "exit_code_after_ctrl_c": code, "growth": growth,
               "disk": disk, "peak_total_mb": peak, "samples": samples}
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    (OUT / "soak").mkdir(parents=True, exist_ok=True)
-    _plot(samples, OUT / "soak" / out.with_suffix(".png").name)
+    plots = root if args.smoke else OUT / "soak"  # never bench/results; a smoke run leaves nothing behind
+    plots.mkdir(parents=True, exist_ok=True)
+    _plot(samples, plots / out.with_suffix(".png").name)
     lines = [
         header(__spec__.name, f"runs: `{result['train_command']}`", argv=args.argv,
                title=f"Soak: the default recipe for {args.minutes:g} minutes, memory and buffer size sampled every "

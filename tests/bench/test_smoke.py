@@ -4,6 +4,7 @@ table relies on to show each result's command. No timing or accuracy is asserted
 
 import importlib.util
 import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,26 +13,29 @@ from bench.lib.header import recorded_command
 
 slow, gpu = pytest.mark.slow, pytest.mark.gpu
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+no_venv = pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / ".venv").is_dir(),
+                             reason="first_run clones the repository and runs its .venv's tba (scripts/setup.sh)")
 no_profanity = pytest.mark.skipif(importlib.util.find_spec("profanity_check") is None,
                                   reason="pip install alt-profanity-check")
 
 # (module, arguments after --smoke with {tmp} for the test's folder, the result file it writes under {tmp})
 STD = "--out {tmp}/out --results {tmp}/result.md"
+GRID = f"--workers 1 {STD}"  # the grid scripts' process pool, one worker
 SCRIPTS = [
     pytest.param("bench.claims.learning", f"--seeds 0 {STD}", "result.md", marks=slow),
-    pytest.param("bench.claims.offpolicy", f"--seeds 0 --ks 1 2 --ms 0.5 --objectives tb dr_grpo {STD}",
+    pytest.param("bench.claims.offpolicy", f"--seeds 0 --ks 1 2 --ms 0.5 --objectives tb dr_grpo {GRID}",
                  "result.md", marks=slow),
-    pytest.param("bench.claims.fixed_point", f"--seeds 0 --conditions k=1 'never, T_b=1.5' --objectives tb {STD}",
+    pytest.param("bench.claims.fixed_point", f"--seeds 0 --conditions k=1 'never, T_b=1.5' --objectives tb {GRID}",
                  "result.md", marks=slow),
-    pytest.param("bench.claims.offpolicy_sources", f"enumerable --seeds 0 --objectives tb dr_grpo --workers 1 {STD}",
+    pytest.param("bench.claims.offpolicy_sources", f"enumerable --seeds 0 --objectives tb dr_grpo {GRID}",
                  "result.md", id="bench.claims.offpolicy_sources-enumerable"),
     pytest.param("bench.claims.offpolicy_sources",
                  f"hard --seeds 0 --target 0.0 --conditions 'TB, fp' 'TB, int8' {STD}", "result.md",
                  marks=slow, id="bench.claims.offpolicy_sources-hard"),
     pytest.param("bench.claims.smollm2_seeds", f"--seeds 0 {STD}", "result.md", marks=slow),
-    pytest.param("bench.claims.multiturn", f"--seeds 0 --conditions 'stochastic, never' 'deterministic, never' {STD}",
+    pytest.param("bench.claims.multiturn", f"--seeds 0 --conditions 'stochastic, never' 'deterministic, never' {GRID}",
                  "result.md", marks=slow),
-    pytest.param("bench.claims.per_turn", f"--seeds 0 1 {STD}", "result.md"),
+    pytest.param("bench.claims.per_turn", f"--seeds 0 1 {GRID}", "result.md"),
     pytest.param("bench.claims.redteam", "--out {tmp}/run/run --results {tmp}", "redteam.md",
                  marks=[slow, no_profanity]),
     pytest.param("bench.claims.resume", "--results {tmp}/result.md", "result.md", marks=slow),
@@ -42,7 +46,7 @@ SCRIPTS = [
     pytest.param("bench.perf.quantized_sampler", "--repeats 1 --results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sampler", "--backends raw before hf --results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.soak", "--out {tmp}/result", "result.md", marks=slow),
-    pytest.param("bench.perf.first_run", "--results {tmp}/result.md", "result.md", marks=slow),
+    pytest.param("bench.perf.first_run", "--results {tmp}/result.md", "result.md", marks=[slow, no_venv]),
     pytest.param("bench.perf.gpu_smoke", f"--device cpu --backends hf {STD}", "result.md", marks=slow),
     pytest.param("bench.perf.gpu_smoke", f"--device cuda --backends hf {STD}", "result.md", marks=[gpu, no_cuda],
                  id="bench.perf.gpu_smoke-cuda"),
