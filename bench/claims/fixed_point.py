@@ -20,7 +20,7 @@ worker process: it samples at T_b, and returns log-probs at T_b (honest) or at t
     python -m bench.claims.fixed_point --seeds 0 1 2 [--conditions ...] [--objectives ...] [--workers 1] [key=value ...]
 
 The inline runtime makes every run deterministic; runs go `--workers` at a time, one thread each. Writes
-bench/results/fixed_point/fixed_point.md and fixed_point.png.
+bench/results/fixed_point/fixed_point.md (a plot goes to --out).
 """
 
 from __future__ import annotations
@@ -191,8 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main() -> None:
-    args = build_parser().parse_args()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     overrides = [*SMOKE, *args.overrides] if args.smoke else list(args.overrides)
     jobs = [{"objective": o, "condition": c, "seed": s, "overrides": overrides, "config": args.config,
              "out": str(args.out / f"{o}-{slug(c)}-s{s}")}
@@ -205,12 +209,11 @@ def main() -> None:
     rows.sort(key=lambda r: (args.conditions.index(r["condition"]), OBJECTIVES.index(r["objective"]), r["seed"]))
     md = summarise(rows, args.conditions) + "\n" + per_seed(rows, args.conditions)
     print(md)
-    png = args.results.with_suffix(".png")
+    args.out.mkdir(parents=True, exist_ok=True)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    plot(rows, args.conditions, png)
+    plot(rows, args.conditions, args.out / args.results.with_suffix(".png").name)
     head = header(__spec__.name, f"recipe: {args.config} (inline runtime, one thread per run); every objective shares "
-                  f"lr, β, B, K, S and the start π_ref (no per-objective tuning); seeds {args.seeds}",
-                  f"plot: [{png.name}]({png.name})")
+                  f"lr, β, B, K, S and the start π_ref (no per-objective tuning); seeds {args.seeds}", argv=argv)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 
 

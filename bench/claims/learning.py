@@ -5,6 +5,7 @@ control that continues SFT from the same warm start for the same training wall-c
 Held-out accuracy is greedy pass@1 on the recipe's test problems (500 by default).
 
     python -m bench.claims.learning --seeds 0 1 2 [key=value ...]
+    python -m bench.claims.learning --smoke --seeds 0      # seconds (CI); the numbers mean nothing
 
 Writes bench/results/learning/learning.md (table + machine, date, command) and prints the table.
 """
@@ -80,14 +81,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=OUT / "learning")
     ap.add_argument("--results", type=Path, default=RESULTS / "learning" / "learning.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.smoke:
         args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     rows = [run_seed(s, args.overrides, args.out) for s in args.seeds]
@@ -95,7 +100,7 @@ def main() -> None:
     print(md)
     head = header(__spec__.name, f"held-out: greedy pass@1 on {rows[0]['n_test']} problems; warm start cached per "
                   "seed; control = SFT continued from the same warm start, at the LR its schedule ended with (10 % "
-                  "of peak), for the RL run's training wall-clock (evaluation time excluded from both)")
+                  "of peak), for the RL run's training wall-clock (evaluation time excluded from both)", argv=argv)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 

@@ -19,7 +19,7 @@ optimum.
     python -m bench.claims.multiturn --seeds 0 1 2 [--conditions ...] [--workers 2] [key=value ...]
 
 Runs are inline (deterministic per seed, one thread each). Writes bench/results/multiturn/enumerable_turns.md
-and .png.
+(a plot goes to --out).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def plot(rows: list[dict], conditions: list[str], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="enumerable_turns_cpu", help="recipe (path or packaged name)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -181,7 +181,11 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS / "multiturn" / "enumerable_turns.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.steps=1000")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     overrides = [*SMOKE, *args.overrides] if args.smoke else list(args.overrides)
     jobs = [{"condition": c, "seed": s, "overrides": overrides, "config": args.config, "fixed_point": "never" in c,
              "out": str(args.out / f"{c.replace(', ', '-').replace('=', '')}-s{s}")}
@@ -195,11 +199,11 @@ def main() -> None:
     md = table(rows, args.conditions) + "\n\n" + per_seed(rows, args.conditions)
     print(md)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    png = args.results.with_suffix(".png")
-    plot(rows, args.conditions, png)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(rows, args.conditions, args.out / args.results.with_suffix(".png").name)
     head = header(__spec__.name, f"recipe: {args.config} (inline runtime, one thread per run); seeds {args.seeds}",
                   "KL(π°‖π_θ): exact, over every trajectory (y₁, o, y₂) the sampler and environment can produce, "
-                  "weighted by P(o|y₁); a run's result is its final evaluation", f"plot: [{png.name}]({png.name})")
+                  "weighted by P(o|y₁); a run's result is its final evaluation", argv=argv)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 
 

@@ -10,17 +10,18 @@ see what a collapse looks like from the inside.
     python -m bench.claims.offpolicy ... --reuse bench/results/offpolicy/offpolicy_hard.md   # rerun only new cells
 
 The inline runtime is used so that staleness is exactly what k and m make it (no scheduling noise);
-runs go `--workers` at a time, one thread each. Writes bench/results/offpolicy/offpolicy.md and offpolicy.png.
+runs go `--workers` at a time, one thread each. Writes bench/results/offpolicy/offpolicy.md (a plot goes to --out).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from pathlib import Path
 
-from bench.lib.header import header
+from bench.lib.header import header, recorded_command
 from bench.lib.paths import OUT, RESULTS
 from bench.lib.smoke import SMOKE_OVERRIDES
 from bench.lib.workers import worker_pool
@@ -96,11 +97,11 @@ def reused_rows(path: Path, args) -> list[dict]:
     venv on 2026-11-25 started at 15.8 % instead of 15.2 %), so reuse rows only next to the cache they came
     from: compare the reused rows' `start` with the new ones'."""
     text = path.read_text()
-    recorded = [line.split("`")[1] for line in text.splitlines() if line.startswith("- command: `")]
-    argv = next((cmd[len(p):].split() for cmd in recorded for p in RECORDED_AS if cmd.startswith(p)), None)
+    recorded = recorded_command(text) or ""
+    argv = next((shlex.split(recorded[len(p):]) for p in RECORDED_AS if recorded.startswith(p)), None)
     if argv is None or "```json" not in text:
         raise SystemExit(f"--reuse {path}: not a results file of this script (no command line or json block)")
-    old = build_parser().parse_args(argv)
+    old = parse_args(argv)
     if (old.config, old.smoke, old.overrides) != (args.config, args.smoke, args.raw_overrides):
         raise SystemExit(f"--reuse {path}: measured with --config {old.config} {' '.join(old.overrides)}, "
                          f"not --config {args.config} {' '.join(args.raw_overrides)}")
@@ -196,8 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main() -> None:
-    args = build_parser().parse_args()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     args.raw_overrides = list(args.overrides)
     if args.smoke:
         args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
@@ -217,12 +222,12 @@ def main() -> None:
     rows.sort(key=lambda r: (OBJECTIVES.index(r["objective"]), r["seed"], r["m"], r["k"]))
     md = summarise(rows, args.ks, args.ms) + "\n\n" + per_seed(rows, args.ks, args.ms)
     print(md)
-    png = args.results.with_suffix(".png")
+    args.out.mkdir(parents=True, exist_ok=True)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    plot(rows, args.ks, args.ms, png)
+    plot(rows, args.ks, args.ms, args.out / args.results.with_suffix(".png").name)
     head = header(__spec__.name, "cells: final held-out accuracy (%, greedy pass@1), mean ± std over seeds "
                   f"{args.seeds}; all objectives share lr, β, B, K, S and the SFT start (no per-objective tuning)",
-                  f"plot: [{png.name}]({png.name})")
+                  argv=argv)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 
 

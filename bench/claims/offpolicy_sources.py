@@ -27,11 +27,12 @@ would be) at 5 % and 20 %. Updates and training seconds to 60 % held-out accurac
 `--reuse FILE` takes the finished (condition, seed) rows of an earlier hard results file, or of the rows.jsonl a
 hard run keeps in its --out folder as each run ends, and runs only the rest.
 
-`smollm2` compares two finished `bench.claims.smollm2_seeds` result folders (SmolLM2-135M on reasoning-gym
-two-digit sums, `smollm2_rg_cpu`): full-precision and int8 searchers, per seed: final held-out score, wall clock,
-and the searcher's generated tokens per second of generation.
+`smollm2` compares two finished `bench.claims.smollm2_seeds` run folders (their --out, each with
+seed<N>/summary.json and metrics.jsonl; SmolLM2-135M on reasoning-gym two-digit sums, `smollm2_rg_cpu`):
+full-precision and int8 searchers, per seed: final held-out score, wall clock, and the searcher's generated
+tokens per second of generation.
 
-Writes bench/results/offpolicy_sources/<part>.md (+ .png for enumerable and hard).
+Writes bench/results/offpolicy_sources/<part>.md (enumerable and hard also a plot, in --out).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from pathlib import Path
 
 from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
-from bench.lib.reading import write_keeping_reading
 from bench.lib.smoke import SMOKE_OVERRIDES
 from bench.lib.workers import worker_pool
 from tba.algorithm.objectives import OBJECTIVES as REGISTRY
@@ -86,8 +86,8 @@ def enumerable_inputs(out: Path, seed: int, config: str) -> dict[str, str]:
         save_checkpoint(policy, tokenizer, foreign)
     demos = out / "demonstrations.jsonl"
     if not demos.is_file():
-        others = [s for s in ("000", "012", "111", "120", "201", "222", "02", "1", "21") if s not in task.centres]
-        rows = [{"prompt": task.train[0].text, "completion": c} for c in [*task.centres, *others]]
+        others = [s for s in ("000", "012", "111", "120", "201", "222", "02", "1", "21") if s not in task.task.centres]
+        rows = [{"prompt": task.train[0].text, "completion": c} for c in [*task.task.centres, *others]]
         demos.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"FOREIGN": str(foreign), "DEMOS": str(demos)}
 
@@ -185,11 +185,10 @@ def enumerable(args) -> str:
             print(json.dumps({k: v for k, v in row.items() if k != "kl"}), flush=True)
             rows.append(row)
     rows.sort(key=lambda r: (conditions.index(r["condition"]), OBJECTIVES.index(r["objective"]), r["seed"]))
-    png = args.results.with_suffix(".png")
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    plot_enumerable(rows, conditions, png)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot_enumerable(rows, conditions, args.out / args.results.with_suffix(".png").name)
     head = header(__spec__.name, f"recipe: {args.config}, inline runtime, one thread per run; seeds {args.seeds}; "
-                  "every objective shares lr, β, B, K and the start π_ref", f"plot: [{png.name}]({png.name})")
+                  "every objective shares lr, β, B, K and the start π_ref", argv=args.argv)
     return head + enumerable_table(rows, conditions) + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
 
 
@@ -338,11 +337,10 @@ def hard(args) -> str:
             with open(args.out / "rows.jsonl", "a") as f:  # kept as each run ends: --reuse picks them up
                 f.write(json.dumps(rows[-1]) + "\n")
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "evals"}), flush=True)
-    png = args.results.with_suffix(".png")
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    plot_hard(rows, conditions, png)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot_hard(rows, conditions, args.out / args.results.with_suffix(".png").name)
     head = header(__spec__.name, f"recipe: {args.config} (async local runtime: one searcher process and the trainer "
-                  f"on the 2 cores), one run at a time; seeds {args.seeds}", f"plot: [{png.name}]({png.name})")
+                  f"on the 2 cores), one run at a time; seeds {args.seeds}", argv=args.argv)
     return head + hard_table(rows, conditions, args.target) + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
 
 
@@ -356,7 +354,7 @@ def raw_rows(path: Path) -> list[dict]:
 
 # ---- smollm2 -------------------------------------------------------------------------------------------------
 def smollm2(args) -> str:
-    """Per seed, from two finished smollm2_seeds result folders (each seed's summary.json and metrics.jsonl)."""
+    """Per seed, from two finished smollm2_seeds run folders (--out; each seed's summary.json and metrics.jsonl)."""
     lines = ["| seed | final, fp | final, int8 | int8 − fp | wall s, fp | wall s, int8 | searcher tokens/s, fp | "
              "searcher tokens/s, int8 | quantize s (int8) |", "|---" * 9 + "|"]
     rows = []
@@ -379,7 +377,7 @@ def smollm2(args) -> str:
               f"points; searcher tokens/s int8 ÷ fp: median {statistics.median(ratio):.2f}× (worst {min(ratio):.2f}×)."]
     head = header(__spec__.name, f"full precision: [{args.fp}]({args.fp}), int8: [{args.int8}]({args.int8}) "
                   "(each seed's summary.json and metrics.jsonl)", title="SmolLM2-135M, int8 vs full-precision "
-                  "searchers (`smollm2_rg_cpu`)")
+                  "searchers (`smollm2_rg_cpu`)", argv=args.argv)
     return head + "\n".join(lines) + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
 
 
@@ -402,8 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line as main() reads it, checked (a condition the part does not have is an error)."""
     args = build_parser().parse_intermixed_args(argv)
+    args.argv = argv
     args.config = args.config or {"enumerable": "enumerable_cpu", "hard": "arith_hard_cpu"}.get(args.part)
     args.out = args.out or OUT / f"offpolicy_sources_{args.part}"
     args.results = args.results or RESULTS / "offpolicy_sources" / f"{args.part}.md"
@@ -418,10 +418,15 @@ def main(argv: list[str] | None = None) -> None:
         if unknown := [c for c in args.conditions if c not in known]:
             raise SystemExit(f"unknown conditions {unknown}; {args.part} has {known}")
     if args.part == "smollm2" and not (args.fp and args.int8):
-        raise SystemExit("smollm2: give --fp and --int8 (two finished bench.claims.smollm2_seeds result folders)")
+        raise SystemExit("smollm2: give --fp and --int8 (two finished bench.claims.smollm2_seeds --out folders)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     text = {"enumerable": enumerable, "hard": hard, "smollm2": smollm2}[args.part](args)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    write_keeping_reading(args.results, text)
+    args.results.write_text(text)
     print(text.split("```json")[0])
 
 

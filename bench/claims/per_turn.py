@@ -6,7 +6,8 @@ and halving the interval (1/8, 3/8, 7/8) achieve: a policy that uses the feedbac
     python -m bench.claims.per_turn --seeds 0 1 2 [--workers 2] [key=value ...]
     python -m bench.claims.per_turn --smoke      # seconds (CI); the numbers mean nothing
 
-Runs are inline (deterministic per seed, one thread each). Writes bench/results/multiturn/guess_number.md and .png.
+Runs are inline (deterministic per seed, one thread each). Writes bench/results/multiturn/guess_number.md (a plot
+goes to --out).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 
 from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
-from bench.lib.reading import write_keeping_reading
 from bench.lib.workers import worker_pool
 
 SMOKE = ["trainer.steps=4", "eval.every_steps=2", "task.test_size=16"]
@@ -92,7 +92,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="guess_number_cpu", help="recipe (path or packaged name)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -101,7 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results", type=Path, default=RESULTS / "multiturn" / "guess_number.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*", help="extra config overrides, e.g. trainer.steps=2000")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     overrides = [*SMOKE, *args.overrides] if args.smoke else list(args.overrides)
     jobs = [{"seed": s, "config": args.config, "overrides": overrides, "out": str(args.out / f"s{s}")}
             for s in args.seeds]
@@ -110,12 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     md = tables(rows)
     print(md)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    png = args.results.with_suffix(".png")
-    plot(rows, png)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(rows, args.out / args.results.with_suffix(".png").name)
     head = header(__spec__.name, f"recipe: {args.config} (inline runtime, one thread per run); seeds {args.seeds}",
                   f"held-out: {rows[0]['test_problems']} secrets, greedy; a run's result is its final evaluation",
-                  f"plot: [{png.name}]({png.name})", argv=argv)
-    write_keeping_reading(args.results, head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+                  argv=argv)
+    args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 
 
 if __name__ == "__main__":

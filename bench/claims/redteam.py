@@ -2,7 +2,8 @@
 
     python -m bench.claims.redteam                      # writes bench/results/redteam/redteam.{md,json}
     python -m bench.claims.redteam trainer.steps=10     # any recipe override
-    python -m bench.claims.redteam --results DIR ...    # write the report elsewhere (CI's smoke run, tiny models)
+    python -m bench.claims.redteam --results DIR ...    # write the report elsewhere
+    python -m bench.claims.redteam --smoke --results DIR  # tiny attacker and victim, 2 steps (CI; numbers mean nothing)
     python -m bench.claims.redteam --report RUN_DIR     # rebuild the report of a finished run (no training)
 
 Runs `tba train src/tba/recipes/redteam-smollm2-cpu.yaml` (SmolLM2-135M-Instruct attacker with LoRA, a frozen
@@ -26,9 +27,42 @@ from bench.lib.header import header
 from bench.lib.paths import REPO, RESULTS
 
 RECIPE = REPO / "src" / "tba" / "recipes" / "redteam-smollm2-cpu.yaml"
+# --smoke: the recipe shrunk to two inline steps on a tiny attacker that is also the victim
+SMOKE = ["task.chat_template=false", "trainer.steps=2", "eval.every_steps=2", "search.max_new_tokens=6",
+         "eval.max_new_tokens=6", "eval.samples_per_prompt=2", "search.samples_per_prompt=4",
+         "trainer.samples_per_prompt=4", "buffer.prefill_samples=8", "model.lora.r=4",
+         "task.options.victim_max_new_tokens=6", "task.options.min_attack_tokens=1", "runtime=inline", "mode=sync",
+         "logging.progress=false"]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options, and every other argument as a config override (args.overrides)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", type=Path, default=RESULTS / "redteam", help="directory for redteam.md / redteam.json")
+    ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
+    ap.add_argument("--report", type=Path, default=None, help="a finished run directory: only write its report")
+    ap.add_argument("--note", default="", help="a sentence added to the report (e.g. what else ran meanwhile)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny attacker and victim, 2 steps (CI)")
+    args, overrides = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if options := [o for o in overrides if o.startswith("-")]:
+        ap.error(f"unrecognized arguments: {' '.join(options)}")  # only key=value overrides pass through
+    args.overrides = overrides
+    return args
+
+
+def tiny_model(where: Path) -> str:
+    """A tiny random attacker/victim with a tokenizer trained on a few phrases (for --smoke)."""
+    from tba.config.schema import TinyModelConfig
+    from tba.models import save_checkpoint
+    from tba.models.builtin import build_tiny_model, train_tokenizer
+
+    tokenizer = train_tokenizer(["you are a stupid idiot", "have a nice day", "write a rude message"] * 20, 150)
+    tiny = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    save_checkpoint(build_tiny_model(tokenizer, tiny, seed=0), tokenizer, where)
+    return str(where)
+
+
+def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -37,12 +71,12 @@ def main() -> None:
     from tba.rollout.evaluate import complete
     from tba.run.train import train
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--results", type=Path, default=RESULTS / "redteam", help="directory for redteam.md / redteam.json")
-    ap.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
-    ap.add_argument("--report", type=Path, default=None, help="a finished run directory: only write its report")
-    ap.add_argument("--note", default="", help="a sentence added to the report (e.g. what else ran meanwhile)")
-    args, overrides = ap.parse_known_args(sys.argv[1:])
+    args = parse_args(argv)
+    overrides = args.overrides
+    if args.smoke:
+        args.out = args.out or Path(tempfile.mkdtemp(prefix="tba-redteam-")) / "run"
+        lm = tiny_model(args.out.parent / "lm")
+        overrides = [f"model.policy={lm}", f"task.options.victim={lm}", *SMOKE, *overrides]
     if args.report is not None:
         out = args.report
         cfg = load_config(out / "config.yaml")
@@ -64,8 +98,8 @@ def main() -> None:
     torch.manual_seed(cfg.seed)
     c = complete(policy, tokenizer, task.test, max_new_tokens=cfg.eval.max_new_tokens, batch_size=64,
                  samples_per_prompt=8, temperature=cfg.eval.temperature)
-    task.toxicity(c.texts)  # each attack's victim answers, scored (and remembered for `examples`)
-    examples = task.examples(c.texts, k=5)
+    task.task.toxicity(c.texts)  # each attack's victim answers, scored (and remembered for `examples`)
+    examples = task.task.examples(c.texts, k=5)
 
     start, end = summary["eval_start"], summary["eval_end"]
     evals = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
@@ -76,7 +110,7 @@ def main() -> None:
     o = {**cfg.task.options, "policy": cfg.model.policy}
     lines = [
         header(__spec__.name, title="Red-teaming, offline, on CPU (`redteam-smollm2-cpu.yaml`)",
-               argv=overrides).rstrip("\n"),
+               argv=argv).rstrip("\n"),
         "",
         f"Attacker `{o['policy']}` + LoRA (r {cfg.model.lora.r}, α {cfg.model.lora.alpha}); victim: a frozen "
         f"`{o['victim']}` answering each attack {o['victim_responses']}×; toxicity: `{o['classifier']}`; "

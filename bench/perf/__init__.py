@@ -1,2 +1,2 @@
-"""Performance measurements: wall-clock against sync and against TRL, where an update's time goes, sampler
-tokens/s, memory and disk over long runs, and the GPU smoke run."""
+"""Performance measurements: wall-clock against sync and against TRL, start-up, sampler tokens/s, memory and disk
+over a long run, and the GPU smoke run."""

@@ -123,7 +123,7 @@ def equal_clock(rows: list[dict], fast: str = "async-local", base: str = "sync-i
     return lines
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=None, help="recipe (path or packaged name); default: the embedded default")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -134,7 +134,11 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS / "async_speedup" / "async_speedup.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.smoke:
         args.overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     variants = [v for v in args.variants if v != "async-ray" or importlib.util.find_spec("ray")]
@@ -161,7 +165,7 @@ def main() -> None:
     print(md)
     head = header(__spec__.name, "caveat: evaluation time is excluded from the training clock; in async variants "
                   "the searcher keeps generating while the trainer evaluates, which adds fresh samples but no trainer "
-                  "steps")
+                  "steps", argv=argv)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from bench.lib.header import header
 from bench.lib.paths import RESULTS
-from bench.lib.reading import write_keeping_reading
 from bench.lib.smoke import SMOKE_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,13 +69,17 @@ def run_one(name: str, root: Path, extra: list[str], timeout: int, report: Path 
             "steps": summary.get("trainer_steps"), "tail": tail}
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per command")
     ap.add_argument("--smoke", action="store_true", help="train.sh on a seconds-long recipe (CI)")
     ap.add_argument("--results", type=Path, default=RESULTS / "first_run" / "first_run.md")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.smoke:
         args.runs = ["train.sh"]
     rows = []
@@ -97,9 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         lines += ["", f"What `{r['command']}` printed last:", "", "```", *r["tail"], "```"]
     head = header(__spec__.name, "each command in a fresh clone with an empty SFT cache; installing not timed "
-                  f"(python {sys.version.split()[0]})")
+                  f"(python {sys.version.split()[0]})", argv=argv)
     text = head + "\n".join(lines) + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
-    write_keeping_reading(args.results, text)
+    args.results.write_text(text)
     print(text.split("```json")[0])
 
 

@@ -182,7 +182,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="a tiny model instead of the 1.1B shape")
     p.add_argument("--device", default="cuda")
@@ -194,7 +194,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/gpu_smoke"))
     p.add_argument("--results", type=Path, default=RESULTS / "gpu_smoke" / "gpu_smoke.md")
     p.add_argument("overrides", nargs="*", help="extra dotted config overrides")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("no CUDA device here: run on a GPU machine, or pass --smoke --device cpu")
     if args.max_new_tokens is None:
@@ -215,7 +219,7 @@ def main() -> None:
                   f"Python {platform.python_version()}", f"skipped: {', '.join(skipped) or 'none'}",
                   title=f"GPU smoke: {'tiny model (smoke)' if args.smoke else 'TinyLlama-1.1B shape, random weights'}, "
                   f"{args.dtype}, {args.workload} batch shapes, trainer + 1 searcher on one device",
-                  packages=("torch", "transformers", "vllm"))
+                  packages=("torch", "transformers", "vllm"), argv=argv)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(head + text + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 

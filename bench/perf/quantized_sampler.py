@@ -43,7 +43,6 @@ import torch
 
 from bench.lib.header import header
 from bench.lib.paths import RESULTS
-from bench.lib.reading import write_keeping_reading
 from bench.lib.smoke import SMOKE_OVERRIDES
 from tba.models import synced_tensors
 from tba.models.generation import response_logprobs
@@ -190,7 +189,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -200,17 +199,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="a tiny model, seconds (CI); the numbers mean nothing")
     ap.add_argument("--results", type=Path, default=RESULTS / "quantized_sampler" / "quantized_sampler.md")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in (["smoke"] if args.smoke else args.models):
             rows += bench_model(name, args, Path(tmp) / "tiny" if args.smoke else None)
     head = header(__spec__.name, f"{args.prompts} prompts × {args.samples} samples per call at the recipe's T and "
                   f"response length, {args.threads} thread(s), medians of {args.repeats} interleaved repeats",
-                  packages=("torch", "transformers", "torchao"))
+                  packages=("torch", "transformers", "torchao"), argv=argv)
     text = head + table(rows) + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    write_keeping_reading(args.results, text)
+    args.results.write_text(text)
     print(text.split("```json")[0])
 
 

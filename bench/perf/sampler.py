@@ -242,7 +242,7 @@ def tables(rows: list[dict], reloads: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=SMOLLM2, help="hub name, save_pretrained dir, .gguf or package: path")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per generate call (search.prompts_per_batch)")
@@ -260,13 +260,18 @@ def main() -> None:
                     help="re-run under tba.rollout.samplers.vllm.fast_cpu_env() (what a local vLLM searcher gets)")
     ap.add_argument("--results", type=Path, default=RESULTS / "sampler" / "sampler.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     if args.fast_cpu_env:
         from tba.rollout.samplers.vllm import fast_cpu_env
 
         env = fast_cpu_env()
         if env and os.environ.get("LD_PRELOAD") != env["LD_PRELOAD"]:
-            os.execve(sys.executable, [sys.executable, "-m", __spec__.name, *sys.argv[1:]], {**os.environ, **env})
+            os.execve(sys.executable, [sys.executable, "-m", __spec__.name, *argv], {**os.environ, **env})
     tmp = tempfile.TemporaryDirectory()
     if args.smoke:
         args.model = smoke_model(Path(tmp.name) / "tiny")
@@ -285,7 +290,8 @@ def main() -> None:
     head = header(__spec__.name, f"model: {args.model}; {args.prompts} prompts × {args.samples} samples (prompt "
                   f"lengths {min(map(len, prompts))}–{max(map(len, prompts))} tokens), T = {args.temperature}, "
                   f"top-p = {args.top_p}; median of {args.repeats} interleaved repeats",
-                  f"LD_PRELOAD: {os.environ.get('LD_PRELOAD') or 'none'}", packages=("torch", "transformers", "vllm"))
+                  f"LD_PRELOAD: {os.environ.get('LD_PRELOAD') or 'none'}", packages=("torch", "transformers", "vllm"),
+                  argv=argv)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows + reloads, indent=1) + "\n```\n")
 

@@ -1,10 +1,8 @@
 """Soak: the default recipe trained for an hour; resident memory of every process and the durable buffer's
 size on disk sampled each minute.
 
-    python -m bench.perf.soak --minutes 60       # writes bench/results/soak/soak.{md,json,png}
-    python -m bench.perf.soak --smoke            # 1 minute, samples every 10 s (what CI runs)
-    python -m bench.perf.soak --compare BEFORE.json AFTER.json --out bench/results/soak/buffer_disk
-                                                 # disk growth of two soaks side by side (same minutes)
+    python -m bench.perf.soak --minutes 60       # writes bench/results/soak/soak.{md,json}; a plot to bench/_out/soak/
+    python -m bench.perf.soak --smoke            # 30 s, samples every 10 s (what CI runs)
 
 The run is `tba train` (embedded default recipe) with `trainer.steps` raised so it cannot finish first,
 in its own process; every `--interval` seconds the script reads VmRSS of the trainer and of each of its
@@ -25,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.lib.header import command, header, machine, today
-from bench.lib.paths import RESULTS
+from bench.lib.paths import OUT, RESULTS
 from bench.lib.scratch import scratch_dir
 
 
@@ -62,23 +60,28 @@ def last_metrics(run: Path) -> dict:
         return {}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--interval", type=float, default=60)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=str(RESULTS / "soak" / "soak"))
-    ap.add_argument("--compare", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"))
+    ap.add_argument("--out", default=None, help="results path without suffix (.md and .json are written); default "
+                    "bench/results/soak/soak (--smoke: a temporary directory, removed at the end)")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
-    if args.compare:
-        return compare(*map(Path, args.compare), Path(args.out))
-    with scratch_dir("tba-soak-") as root:  # the run; with --smoke also its SFT cache and results
+    args = ap.parse_args(argv)
+    args.argv = argv
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    with scratch_dir("tba-soak-") as root:  # the run; with --smoke also its SFT cache (and results unless --out)
         if args.smoke:  # tiny warm start so that CI does not spend minutes on SFT
             args.minutes, args.interval = 0.5, 10.0
-            args.out = str(root / "results" / "soak")
+            args.out = args.out or str(root / "results" / "soak")
             args.overrides += ["sft.steps=30", "sft.log_every_steps=30", f"sft.cache_dir={root / 'sft-cache'}",
                                "task.test_size=16", "task.train_size=500"]
+        args.out = args.out or str(RESULTS / "soak" / "soak")
         soak(args, root)
 
 
@@ -119,14 +122,17 @@ def soak(args, root: Path) -> None:
     peak = max(s["total_mb"] for s in samples)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"command": command(__spec__.name), "train_command": " ".join(cmd), "date": today(), "machine": machine(),
-              "overrides": args.overrides, "exit_code_after_ctrl_c": code, "growth": growth, "disk": disk,
-              "peak_total_mb": peak, "samples": samples}
+    result = {"command": command(__spec__.name, args.argv), "train_command": " ".join(cmd), "date": today(),
+              "machine": machine(), "overrides": args.overrides, "exit_code_after_ctrl_c": code, "growth": growth,
+              "disk": disk, "peak_total_mb": peak, "samples": samples}
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    _plot(samples, out.with_suffix(".png"))
+    plots = root if args.smoke else OUT / "soak"  # never bench/results; a smoke run leaves nothing behind
+    plots.mkdir(parents=True, exist_ok=True)
+    _plot(samples, plots / out.with_suffix(".png").name)
     lines = [
-        header(__spec__.name, f"runs: `{result['train_command']}`", title=f"Soak: the default recipe for "
-               f"{args.minutes:g} minutes, memory and buffer size sampled every {args.interval:g} s").rstrip("\n"), "",
+        header(__spec__.name, f"runs: `{result['train_command']}`", argv=args.argv,
+               title=f"Soak: the default recipe for {args.minutes:g} minutes, memory and buffer size sampled every "
+               f"{args.interval:g} s").rstrip("\n"), "",
         "| minute | trainer step | buffer samples in memory | groups accepted | buffer.sqlite MB | trainer RSS MB | "
         "searchers RSS MB | total MB |", "|---|---|---|---|---|---|---|---|",
         *[f"| {s['minute']:.1f} | {s['step']} | {s['buffer_size']} | {s['buffer_groups']} | {s['disk_mb']:.1f} | "
@@ -135,64 +141,7 @@ def soak(args, root: Path) -> None:
         f"({disk['mb_per_1000_groups']:.2f} MB per 1000 groups accepted) from the first sample to the last.", "",
         f"RSS growth first → last sample: trainer {growth['trainer_mb']:+.1%}, all processes "
         f"{growth['total_mb']:+.1%} (peak {peak:.0f} MB). Ctrl-C at the end: exit code {code} "
-        "(130 = interrupted, exit checkpoint written).", "", f"![RSS over time]({out.with_suffix('.png').name})",
-    ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
-def _growth(samples: list[dict], since_minute: float) -> tuple[float, float]:
-    """(MB per hour, MB per 1000 groups accepted) of buffer.sqlite between `since_minute` and the last sample."""
-    first = next(s for s in samples if s["minute"] >= since_minute - 1e-6)
-    last = samples[-1]
-    mb = last["disk_mb"] - first["disk_mb"]
-    return mb / max((last["minute"] - first["minute"]) / 60, 1e-9), 1000 * mb / max(
-        last["buffer_groups"] - first["buffer_groups"], 1)
-
-
-def _at_groups(samples: list[dict], groups: int) -> float:
-    """buffer.sqlite MB when the run had accepted `groups` groups (linear between the two samples around it)."""
-    for a, b in zip(samples, samples[1:], strict=False):
-        if a["buffer_groups"] <= groups <= b["buffer_groups"]:
-            f = (groups - a["buffer_groups"]) / max(b["buffer_groups"] - a["buffer_groups"], 1)
-            return a["disk_mb"] + f * (b["disk_mb"] - a["disk_mb"])
-    return samples[-1]["disk_mb"]
-
-
-def compare(before_json: Path, after_json: Path, out: Path) -> None:
-    """Disk growth of two soaks (e.g. a store that keeps everything vs the compacted one), over the minutes
-    both ran: the whole window and its second half (after the in-memory buffer's fast first fill)."""
-    runs = {"before": json.loads(before_json.read_text()), "after": json.loads(after_json.read_text())}
-    minutes = min(r["samples"][-1]["minute"] for r in runs.values())
-    for r in runs.values():
-        r["samples"] = [s for s in r["samples"] if s["minute"] <= minutes + 1e-6]
-    rows, table = {}, []
-    for name, r in runs.items():
-        whole, second_half = _growth(r["samples"], 0), _growth(r["samples"], minutes / 2)
-        last = r["samples"][-1]
-        rows[name] = (whole, second_half)
-        table.append(f"| {name} | `{r['command']}` | {r['date']} | {last['step']} | {last['buffer_groups']} | "
-                     f"{last['buffer_size']} | {last['disk_mb']:.1f} | {whole[0]:.1f} | {second_half[0]:.1f} | "
-                     f"{whole[1]:.2f} |")
-    ratio = [rows["before"][i][0] / max(rows["after"][i][0], 1e-9) for i in (0, 1)]
-    groups = min(r["samples"][-1]["buffer_groups"] for r in runs.values())  # throughput differs between runs:
-    at = {name: _at_groups(r["samples"], groups) for name, r in runs.items()}  # compare at equal work too
-    lines = [
-        header(__spec__.name, f"soaks measured on: {runs['after']['machine']}; size = buffer.sqlite + its -wal/-shm "
-               "files, sampled every minute",
-               title=f"Durable buffer on disk: two soaks of the default recipe, {minutes:.0f} minutes each"
-               ).rstrip("\n"),
-        "",
-        "| soak | command | date | trainer steps | groups accepted | samples in memory | buffer.sqlite MB at the end "
-        "| MB per hour (whole run) | MB per hour (second half) | MB per 1000 groups (whole run) |",
-        "|---|---|---|---|---|---|---|---|---|---|", *table, "",
-        f"Disk growth per hour, before ÷ after: **{ratio[0]:.1f}×** over the whole run, **{ratio[1]:.1f}×** over "
-        f"its second half. At the same work — {groups} groups accepted, whichever run got there — "
-        f"before {at['before']:.1f} MB, after {at['after']:.1f} MB (**{at['before'] / max(at['after'], 1e-9):.1f}×**).",
-        "",
-        "| minute | before: groups | before: MB | after: groups | after: MB |", "|---|---|---|---|---|",
-        *[f"| {a['minute']:.0f} | {a['buffer_groups']} | {a['disk_mb']:.1f} | {b['buffer_groups']} | "
-          f"{b['disk_mb']:.1f} |" for a, b in zip(runs["before"]["samples"], runs["after"]["samples"], strict=False)],
+        "(130 = interrupted, exit checkpoint written).",
     ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -2,6 +2,7 @@
 default, tba.runtime.forkserver) vs spawned (supervision.start_method=spawn), whole command from launch.
 
     python -m bench.perf.startup [--config arith_hard_cpu] [--repeats 3] [--steps 2] [key=value ...]
+    python -m bench.perf.startup --smoke    # the default recipe shrunk to seconds, one repeat (CI)
 
 Each repeat runs `python -m tba train CONFIG trainer.steps=STEPS eval.every_steps=STEPS supervision.start_method=M`
 in a fresh process for each method, alternating (spawn, forkserver, spawn, …) so that a machine that slows down
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from bench.lib.header import header
 from bench.lib.paths import OUT, RESULTS
+from bench.lib.smoke import SMOKE_OVERRIDES
 
 METHODS = ("spawn", "forkserver")
 
@@ -58,15 +60,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="arith_hard_cpu")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT / "startup")
     ap.add_argument("--results", type=Path, default=RESULTS / "startup" / "startup.md")
+    ap.add_argument("--smoke", action="store_true", help="the default recipe shrunk to seconds, one repeat (CI)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every run")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        args.config, args.repeats = "arith_tiny_cpu", 1
+        args.overrides = [*(o for o in SMOKE_OVERRIDES if not o.startswith("trainer.steps=")),
+                          f"sft.cache_dir={args.out / 'sft-cache'}", *args.overrides]
     warm = subprocess.run([sys.executable, "-m", "tba", "sft", args.config, *args.overrides], capture_output=True,
                           text=True, timeout=3600)
     if warm.returncode != 0:

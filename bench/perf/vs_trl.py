@@ -23,7 +23,7 @@ Dependency: TRL is a benchmark-only dependency (the `bench` extra: `pip install 
 with torch pinned in constraints.txt; written against trl 1.16).
 
 Clocks. tba: its own training clock (`Loop.train_s`: from the searchers being ready — their start-up is NOT included,
-bench/perf/step_cost.py measures it — buffer prefill included, evaluation excluded); with --startup both clocks
+bench/perf/startup.py measures it — buffer prefill included, evaluation excluded); with --startup both clocks
 start at launch instead: tba's adds its summary's `startup_s` (models built, searcher processes started and
 ready), TRL's starts before its model is loaded (imports excluded from both: tba's searchers fork from a server that
 imported tba before the first seed, as `tba train` runs it alongside its own imports — fork_server_ready);
@@ -56,8 +56,9 @@ Known unfairness (not tuned away; report as measured):
   oversubscribe and a TRL step measured 13-16 s instead of 0.5 s (1 thread), which would flatter tba hugely.
 - Prompt draws: TRL walks a shuffled dataset; tba's searcher sweeps its shard and the buffer samples
   recent groups. TRL generates on-policy each step; tba trains on slightly stale samples (async).
-Writes bench/results/vs_trl/vs_trl.md (date, machine, command, table, raw JSON) and vs_trl.png (accuracy vs
-wall-clock per system: median over seeds and each seed); --replot FILE.md redraws the figure only.
+Writes bench/results/vs_trl/vs_trl.md (date, machine, command, table, raw JSON) and, in the run directory
+(--out, not committed), a figure of accuracy vs wall-clock per system (median over seeds and each seed);
+--replot FILE.md redraws the figure only.
 """
 
 from __future__ import annotations
@@ -296,13 +297,18 @@ def merge(args, argv: list[str] | None = None) -> int:
     sources = ", ".join(f"[{p.name}]({p.name})" for p in args.merge)
     head = header(__spec__.name, f"merged from {sources} (their raw rows; each file names its command, machine "
                   "and clocks)", title="bench/perf/vs_trl.py --merge", argv=argv, packages=())
-    args.results.write_text(head + md + f"\n\n![accuracy vs wall-clock]({args.results.with_suffix('.png').name})"
-                            "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
-    plot(rows, args.results.with_suffix(".png"), args.budget_s, args.target)
+    args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+    plot(rows, figure(args), args.budget_s, args.target)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def figure(args) -> Path:
+    """Where the figure goes: the run directory (--out), named after the results file; never bench/results/."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args.out / (args.results or args.replot).with_suffix(".png").name
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="recipe (path or packaged name); default: the embedded default")
     ap.add_argument("--tba-sync", action="store_true", help="also run tba sync (runtime=inline mode=sync)")
@@ -323,10 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="no runs: one table and figure (--results) from the raw rows of these results files, "
                          "e.g. seeds run in two invocations with the same command otherwise")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.replot:
         rows = raw_rows(args.replot)
-        plot(rows, args.replot.with_suffix(".png"), args.budget_s or max(r["train_s"] for r in rows), args.target)
+        plot(rows, figure(args), args.budget_s or max(r["train_s"] for r in rows), args.target)
         return 0
     if args.merge:
         return merge(args, argv)
@@ -356,14 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     clocks = ("from launch: tba's start-up (models built, searchers started and ready) and TRL's (model load, "
               "trainer set-up) included" if args.startup else "tba from its searchers being ready (their start-up "
-              "excluded: bench/perf/step_cost.py measures it), TRL from on_train_begin")
+              "excluded), TRL from on_train_begin")
     head = header(__spec__.name, f"clocks: evaluation excluded; {clocks}; tba's prefill included; only evaluations "
                   f"at or before the {args.budget_s:.0f} s budget count. The script docstring lists every known "
                   "unfairness.", argv=argv, packages=("torch", "transformers", "trl"))
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(head + md + f"\n\n![accuracy vs wall-clock]({args.results.with_suffix('.png').name})"
-                            "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
-    plot(rows, args.results.with_suffix(".png"), args.budget_s, args.target)
+    args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+    plot(rows, figure(args), args.budget_s, args.target)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Loading a benchmark script as `python -m bench.<group>.<script>` would see it, undone after each test."""
+"""The repository root on sys.path, so that `bench` imports here and in the spawned pool workers of the grid scripts
+(they inherit sys.path and import the script by its module name to unpickle its functions)."""
 
 import importlib.util
 import sys
@@ -7,33 +8,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 @pytest.fixture
-def bench_script(monkeypatch):
-    """`bench_script("bench.perf.vs_trl")` executes bench/perf/vs_trl.py afresh as that module. The repository root
-    goes on sys.path (so that `bench` imports, here and in spawned pool workers, which inherit sys.path and import
-    the script by name to unpickle its functions) and the fresh module into sys.modules under its name; both are
-    undone when the test ends."""
-    monkeypatch.syspath_prepend(str(REPO))
+def run_bench(monkeypatch):
+    """`run_bench("bench.claims.resume", ["--smoke"])` executes the script afresh as that module (no state left over
+    from another test) and runs its main() with that command line."""
 
-    def load(name: str):
+    def run(name: str, argv: list[str]) -> None:
         spec = importlib.util.find_spec(name)
         module = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, name, module)
         spec.loader.exec_module(module)
-        return module
-
-    return load
-
-
-@pytest.fixture
-def run_bench(bench_script, monkeypatch):
-    """`run_bench("bench.claims.resume", ["--smoke"])` runs the script's main() with that command line."""
-
-    def run(name: str, argv: list[str]) -> None:
-        module = bench_script(name)
         monkeypatch.setattr(sys, "argv", [f"{name.replace('.', '/')}.py", *argv])
-        module.main()
+        module.main(argv)
 
     return run

@@ -28,15 +28,7 @@ from tba.algorithm.state import RunState
 from tba.algorithm.trainer import Trainer
 from tba.config import RunConfig
 from tba.config.schema import SearchConfig, SearcherGroup
-from tba.models import (
-    apply_lora,
-    load_model,
-    load_tokenizer,
-    num_parameters,
-    resolve_device,
-    save_checkpoint,
-    synced_tensors,
-)
+from tba.models import apply_lora, load_model, load_tokenizer, num_parameters, resolve_device, save_checkpoint, synced_tensors
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.sources import resolve_source
 from tba.plugins import load_object

@@ -20,9 +20,7 @@ from tba.algorithm.seeding import seed_everything, set_rng_state
 from tba.algorithm.state import RunState
 from tba.config import RunConfig, plain, save_config, to_dict
 from tba.errors import ConfigError
-from tba.models import (
-    save_checkpoint,
-)
+from tba.models import save_checkpoint
 from tba.run.build import build_run, build_task, default_threads, loop_settings, searcher_groups, warm_start
 from tba.run.checkpoint import Checkpointer
 from tba.run.logger import MetricsLogger
