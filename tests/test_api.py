@@ -17,7 +17,7 @@ from tba.errors import ConfigError
 from tba.models import save_checkpoint
 
 QUICK = ["trainer.steps=2", "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2",
-         "trainer.micro_batch_prompts=2", "search.prompts_per_batch=2", "search.samples_per_prompt=2",
+         "trainer.micro_batch_prompts=2", "search.prompts_per_batch=2", "search.generations_per_prompt=2",
          "search.max_new_tokens=6", "eval.max_new_tokens=6", "buffer.prefill_samples=4", "eval.every_steps=2",
          "logging.progress=false", "logging.tensorboard=false", "runtime=inline", "mode=sync"]
 CHAT = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"

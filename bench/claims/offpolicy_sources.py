@@ -52,7 +52,7 @@ OBJECTIVES = list(REGISTRY)
 ENUMERABLE: dict[str, list[str]] = {
     "k=1": ["trainer.sync_every_steps=1"],
     "int8": ["trainer.sync_every_steps=1", "search.quantize=int8"],
-    "mix of three": ["trainer.sync_every_steps=1", "search.samples_per_prompt=22",
+    "mix of three": ["trainer.sync_every_steps=1", "search.generations_per_prompt=22",
                      "search.groups=[{name: policy}, {name: pi_ref_hot, temperature: 1.5, sync: false}, "
                      "{name: foreign, policy: FOREIGN}]"],
     "data 20 %": ["trainer.sync_every_steps=1", "data.source=DEMOS", "data.share=0.2"],

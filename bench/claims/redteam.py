@@ -29,7 +29,7 @@ from bench.lib.paths import REPO, RESULTS
 RECIPE = REPO / "src" / "tba" / "recipes" / "redteam-smollm2-cpu.yaml"
 # --smoke: the recipe shrunk to two inline steps on a tiny attacker that is also the victim
 SMOKE = ["task.chat_template=false", "trainer.steps=2", "eval.every_steps=2", "search.max_new_tokens=6",
-         "eval.max_new_tokens=6", "eval.samples_per_prompt=2", "search.samples_per_prompt=4",
+         "eval.max_new_tokens=6", "eval.samples_per_prompt=2", "search.generations_per_prompt=4",
          "trainer.samples_per_prompt=4", "buffer.prefill_samples=8", "model.lora.r=4",
          "task.options.victim_max_new_tokens=6", "task.options.min_attack_tokens=1", "runtime=inline", "mode=sync",
          "logging.progress=false"]

@@ -28,7 +28,7 @@ from bench.lib.paths import RESULTS
 from bench.lib.scratch import scratch_dir
 
 SMOKE = ["sft.steps=30", "sft.log_every_steps=30", "task.options.digits=1", "task.train_size=300", "task.test_size=16",
-         "buffer.prefill_samples=20", "search.prompts_per_batch=4", "search.samples_per_prompt=6",
+         "buffer.prefill_samples=20", "search.prompts_per_batch=4", "search.generations_per_prompt=6",
          "trainer.prompts_per_step=4", "trainer.samples_per_prompt=4", "eval.max_new_tokens=8"]
 
 

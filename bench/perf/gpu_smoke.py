@@ -52,10 +52,10 @@ TINYLLAMA = dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
 WORKLOADS = {
     "toy": ["trainer.prompts_per_step=4", "trainer.samples_per_prompt=4", "trainer.micro_batch_prompts=2",
             "trainer.sync_every_steps=1", "trainer.lr=1e-5", "search.prompts_per_batch=8",
-            "search.samples_per_prompt=8", "search.temperature=1.0", "buffer.prefill_samples=64"],
+            "search.generations_per_prompt=8", "search.temperature=1.0", "buffer.prefill_samples=64"],
     "gsm8k": ["trainer.prompts_per_step=7", "trainer.samples_per_prompt=20", "trainer.micro_batch_prompts=1",
               "trainer.sync_every_steps=2", "trainer.lr=1e-5", "trainer.max_grad_norm=null",
-              "search.prompts_per_batch=3", "search.samples_per_prompt=24", "search.temperature=0.7",
+              "search.prompts_per_batch=3", "search.generations_per_prompt=24", "search.temperature=0.7",
               "buffer.prefill_samples=144", "buffer.capacity_per_prompt=100", "tb.beta_init=0.012",
               "tb.beta_final=0.012"],
 }

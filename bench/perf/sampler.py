@@ -246,7 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=SMOLLM2, help="hub name, save_pretrained dir, .gguf or package: path")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per generate call (search.prompts_per_batch)")
-    ap.add_argument("--samples", type=int, default=8, help="samples per prompt (search.samples_per_prompt)")
+    ap.add_argument("--samples", type=int, default=8, help="samples per prompt (search.generations_per_prompt)")
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=1.0)

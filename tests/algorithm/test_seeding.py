@@ -14,7 +14,7 @@ from tba.runtime.specs import ModelSources
 from tba.runtime.worker import build_searcher
 
 OVERRIDES = ["task.options.digits=2", "task.train_size=200", "task.test_size=20", "search.prompts_per_batch=3",
-             "search.samples_per_prompt=4", "search.max_new_tokens=6", "seed=7"]
+             "search.generations_per_prompt=4", "search.max_new_tokens=6", "seed=7"]
 
 
 def _sources(tmp_path, model, tokenizer) -> ModelSources:

@@ -51,7 +51,7 @@ def test_constant_and_linear_hand_values():
 @pytest.fixture(scope="module")
 def draws(tiny_model, tiny_tokenizer, arith_task):
     """4 prompt groups × K searcher samples; rewards overwritten to 1,0,1,0 so every group carries signal."""
-    cfg = SearchConfig(temperature=0.7, samples_per_prompt=K, prompts_per_batch=4, max_new_tokens=8)
+    cfg = SearchConfig(temperature=0.7, generations_per_prompt=K, prompts_per_batch=4, max_new_tokens=8)
     searcher = Searcher(HFSampler(copy.deepcopy(tiny_model), tiny_tokenizer), copy.deepcopy(tiny_model), tiny_tokenizer,
                         arith_task, cfg, seed=0)
     torch.manual_seed(0)

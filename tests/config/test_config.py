@@ -188,26 +188,18 @@ def test_every_config_field_has_a_docstring():
     assert not missing, f"fields without a docstring: {missing}"
 
 
-@pytest.mark.parametrize("old", sorted(__import__("tba.config", fromlist=["MOVED"]).MOVED))
-def test_every_moved_key_fails_naming_its_new_place(old, tmp_path):
-    from tba.config import MOVED
-
-    with pytest.raises(ConfigError, match=f"{old} has moved: set {MOVED[old]} instead"):
-        load_config(None, [f"{old}=1"])
-    section, _, key = old.partition(".")  # the same key written as a YAML section of an old recipe
+def test_the_old_name_of_s_fails_naming_the_new_key(tmp_path):
+    """S (generated per prompt) and K (trained on per prompt) were both `samples_per_prompt`: a recipe that still
+    writes S's old name stops with one message naming the new key, from an override or from the YAML alike."""
+    says = r"search.samples_per_prompt is now search.generations_per_prompt \(S, completions generated per prompt"
+    with pytest.raises(ConfigError, match=says):
+        load_config(None, ["search.samples_per_prompt=4"])
     recipe = tmp_path / "old.yaml"
-    recipe.write_text(f"{section}: {{{key}: 1}}\n")
-    with pytest.raises(ConfigError, match=f"{old} has moved: set {MOVED[old]} instead"):
+    recipe.write_text("search: {samples_per_prompt: 4}\n")
+    with pytest.raises(ConfigError, match=says):
         load_config(recipe)
-
-
-def test_a_moved_key_new_place_is_a_real_key():
-    from tba.config import MOVED
-
-    for new in MOVED.values():
-        if not new.startswith("task.options."):  # free-form: the task's factory checks them
-            value = "{searcher: 1}" if new.endswith("resources") else "1"
-            load_config(None, [f"{new}={value}"])
+    assert load_config(None, ["search.generations_per_prompt=4"]).search.generations_per_prompt == 4
+    assert load_config(None, ["trainer.samples_per_prompt=4"]).trainer.samples_per_prompt == 4  # K keeps its name
 
 
 def test_task_options_are_checked_against_the_task_factory():
@@ -219,3 +211,16 @@ def test_task_options_are_checked_against_the_task_factory():
         build_task(load_config(None, ["task.options.train_size=2"]))
     with pytest.raises(ConfigError, match=r"task.options.digits: must be ≥ 1"):
         build_task(load_config(None, ["task.options.digits=0"]))
+
+
+def test_every_unknown_key_of_an_entry_is_reported_at_once(tmp_path):
+    recipe = tmp_path / "groups.yaml"
+    recipe.write_text("search:\n  groups:\n    - {name: explore, temprature: 1.5, num_searcher: 2, sink: true}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(recipe)
+    message = str(e.value)
+    assert message.startswith("unknown config keys 'search.groups[0].temprature' (did you mean "
+                              "search.groups[0].temperature?), 'search.groups[0].num_searcher'")
+    assert "'search.groups[0].sink'" in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"unknown config keys 'trainer.stepz' .*'trainer.lrr'"):
+        load_config(None, ["trainer={stepz: 3, lrr: 0.1}"])

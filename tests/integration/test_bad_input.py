@@ -33,7 +33,7 @@ class FlakyReward(ArithTask):
 def test_searcher_drops_and_counts_samples_whose_reward_raises_or_is_nan(tiny_model, tiny_tokenizer):
     task = FlakyReward(digits=2, train_size=20, test_size=2)
     searcher = Searcher(HFSampler(tiny_model, tiny_tokenizer), tiny_model, tiny_tokenizer, task,
-                        SearchConfig(samples_per_prompt=3, prompts_per_batch=4, max_new_tokens=4), seed=0)
+                        SearchConfig(generations_per_prompt=3, prompts_per_batch=4, max_new_tokens=4), seed=0)
     groups = searcher.step()
     kept = sum(len(g.samples) for g in groups)
     assert kept == 4 and searcher.stats.rewards_dropped == 8  # 12 completions: 4 raised, 4 NaN
@@ -70,7 +70,7 @@ def test_a_run_with_a_flaky_reward_and_long_prompts_completes_and_reports_both(t
     out = tmp_path / "run"
     code = main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}", "sft.steps=20",
                  "task.options.digits=1", "task.train_size=200", "task.test_size=8", "trainer.steps=4",
-                 "buffer.prefill_samples=12", "search.prompts_per_batch=4", "search.samples_per_prompt=6",
+                 "buffer.prefill_samples=12", "search.prompts_per_batch=4", "search.generations_per_prompt=6",
                  "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "logging.progress=false",
                  "runtime=inline", "mode=sync", "task.max_prompt_tokens=5", "eval.max_new_tokens=8"])
     err = capsys.readouterr().err

@@ -21,7 +21,7 @@ def test_tiny_run_fills_buffer_changes_weights_and_writes_run_dir(tmp_path):
             "sft.log_every_steps=60", "task.options.digits=1", "task.train_size=300", "task.test_size=16",
             "trainer.steps=4",
             "trainer.sync_every_steps=2", "trainer.lr=1e-3", "buffer.prefill_samples=20", "eval.every_steps=2",
-            "search.prompts_per_batch=4", "search.samples_per_prompt=6", "trainer.prompts_per_step=4",
+            "search.prompts_per_batch=4", "search.generations_per_prompt=6", "trainer.prompts_per_step=4",
             "trainer.samples_per_prompt=4", "trainer.micro_batch_prompts=2", "logging.progress=false",
             "threads=1", "runtime=inline", "mode=sync"]
     assert main(args) == 0

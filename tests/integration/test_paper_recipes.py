@@ -55,7 +55,7 @@ def test_gsm8k_recipe_runs_two_steps_and_a_20_problem_eval_with_a_tiny_model(tmp
                  f"task.options.source={source}", "model.device=cpu", "search.device=cpu", "task.train_size=200",
                  "task.test_size=20", "trainer.steps=2",
                  "search.num_searchers=1", "search.max_new_tokens=16", "eval.max_new_tokens=16",
-                 "buffer.prefill_samples=24", "search.samples_per_prompt=8", "trainer.samples_per_prompt=4",
+                 "buffer.prefill_samples=24", "search.generations_per_prompt=8", "trainer.samples_per_prompt=4",
                  "trainer.prompts_per_step=2", "trainer.lr_schedule=constant", "trainer.warmup_steps=0",
                  "trainer.stable_steps=null", "trainer.decay_steps=0", "logging.progress=false"])
     assert code == 0
@@ -126,7 +126,7 @@ def test_tldr_recipe_runs_two_steps_with_win_rate_and_reference_metrics_on_tiny_
                  f"task.options.source={data}", "task.test_size=4", f"runtime={runtime}", f"mode={mode}",
                  "trainer.steps=2",
                  "search.num_searchers=1", "search.max_new_tokens=8", "eval.max_new_tokens=8",
-                 "buffer.prefill_samples=16", "search.samples_per_prompt=4", "trainer.samples_per_prompt=4",
+                 "buffer.prefill_samples=16", "search.generations_per_prompt=4", "trainer.samples_per_prompt=4",
                  "trainer.prompts_per_step=2", "trainer.lr=0.01", "trainer.lr_schedule=constant",
                  "logging.progress=false"])
     assert code == 0

@@ -174,7 +174,7 @@ def test_data_slots_hold_half_data_half_searcher_samples_at_the_configured_share
 
 
 def test_the_age_cap_keeps_old_samples_of_aging_sources_out_of_draws():
-    buf = ReplayBuffer(BufferConfig(online_prob=0.0, max_sample_age=3), seed=0, synced=frozenset({"policy"}))
+    buf = ReplayBuffer(BufferConfig(online_prob=0.0, max_sample_age=3), seed=0, aging=frozenset({"policy"}))
     buf.add(Group(0, [1], [sample([1, j], version=0) for j in range(4)]))  # old
     buf.add(Group(1, [1], [sample([2, j], version=9) for j in range(4)]))  # young
     buf.add(Group(2, [1], [sample([3, j], version=0, source="fixed") for j in range(4)], source="fixed"))
@@ -183,7 +183,7 @@ def test_the_age_cap_keeps_old_samples_of_aging_sources_out_of_draws():
         draws = buf.sample(2, 2, version=10)
         assert all(s.version >= 7 or s.source == "fixed" for d in draws for s in d.samples)
     assert buf.too_old > 0  # counted (buffer/too_old)
-    only_old = ReplayBuffer(BufferConfig(max_sample_age=3), seed=0, synced=frozenset({"policy"}))
+    only_old = ReplayBuffer(BufferConfig(max_sample_age=3), seed=0, aging=frozenset({"policy"}))
     only_old.add(Group(0, [1], [sample([1, j], version=0) for j in range(3)]))
     only_old.mark_sync(0)
     with pytest.raises(NothingYoungEnough, match="max_sample_age=3"):
@@ -193,7 +193,7 @@ def test_the_age_cap_keeps_old_samples_of_aging_sources_out_of_draws():
 def test_a_fixed_sources_samples_sit_with_the_newest_in_their_prompts_history():
     """Ordered by version, a fixed behaviour's samples (version 0 forever) would be the oldest and the first to
     go at capacity: they sit with the policy's that arrived with them."""
-    buf = ReplayBuffer(BufferConfig(capacity_per_prompt=6, online_prob=1.0), seed=0, synced=frozenset({"policy"}))
+    buf = ReplayBuffer(BufferConfig(capacity_per_prompt=6, online_prob=1.0), seed=0, aging=frozenset({"policy"}))
     for version in range(1, 4):
         buf.add(Group(0, [1], [sample([version, j], version=version) for j in range(3)]))
         buf.add(Group(0, [1], [sample([7, version, j], source="fixed") for j in range(3)], source="fixed"))

@@ -10,7 +10,7 @@ from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 from tba.tasks.arith import ArithTask
 
-CFG = SearchConfig(temperature=0.7, samples_per_prompt=4, prompts_per_batch=3, max_new_tokens=8)
+CFG = SearchConfig(temperature=0.7, generations_per_prompt=4, prompts_per_batch=3, max_new_tokens=8)
 
 
 def _searcher(model, tok, task, cfg=CFG, **kw):
@@ -27,7 +27,7 @@ def test_step_returns_one_group_of_s_annotated_samples_per_prompt(tiny_model, ti
     for g in groups:
         prompt = arith_task.train[g.prompt_id]
         assert g.prompt_tokens == tiny_tokenizer(prompt.text)["input_ids"]
-        assert len(g.samples) == CFG.samples_per_prompt
+        assert len(g.samples) == CFG.generations_per_prompt
         for s in g.samples:
             assert 1 <= len(s.response) <= CFG.max_new_tokens
             assert len(s.ref_logprobs) == len(s.behaviour_logprobs) == len(s.response)
@@ -38,7 +38,7 @@ def test_step_returns_one_group_of_s_annotated_samples_per_prompt(tiny_model, ti
             # policy == reference here, so the reference log-probs are the behaviour log-probs
             torch.testing.assert_close(torch.tensor(s.ref_logprobs), torch.tensor(s.behaviour_logprobs),
                                        atol=1e-4, rtol=0)
-    assert searcher.stats.samples_generated == CFG.prompts_per_batch * CFG.samples_per_prompt
+    assert searcher.stats.samples_generated == CFG.prompts_per_batch * CFG.generations_per_prompt
     assert searcher.stats.tokens_generated == sum(len(s.response) for g in groups for s in g.samples)
 
 
@@ -69,7 +69,7 @@ def _visited(searcher, steps):
 
 
 def test_a_shard_only_uses_its_round_robin_prompts_and_cycles_through_them(tiny_tokenizer, tiny_model, small_task):
-    cfg = SearchConfig(samples_per_prompt=2, prompts_per_batch=3, max_new_tokens=2)
+    cfg = SearchConfig(generations_per_prompt=2, prompts_per_batch=3, max_new_tokens=2)
     odd = {p.id for p in small_task.train if p.id % 2 == 1}
     n = len(odd)
     searcher = _searcher(tiny_model, tiny_tokenizer, small_task, cfg, shard=1, num_shards=2)
@@ -80,7 +80,7 @@ def test_a_shard_only_uses_its_round_robin_prompts_and_cycles_through_them(tiny_
 
 
 def test_shards_partition_the_train_prompts(tiny_tokenizer, tiny_model, small_task):
-    cfg = SearchConfig(samples_per_prompt=1, prompts_per_batch=len(small_task.train), max_new_tokens=1)
+    cfg = SearchConfig(generations_per_prompt=1, prompts_per_batch=len(small_task.train), max_new_tokens=1)
     seen = []
     for shard in range(3):
         searcher = _searcher(tiny_model, tiny_tokenizer, small_task, cfg, shard=shard, num_shards=3)

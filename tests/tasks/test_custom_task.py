@@ -41,7 +41,7 @@ def test_training_on_a_custom_task_end_to_end(tmp_path):
     assert main(["train", f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}", f"task.name={EXAMPLE}:make_task",
                  OPTIONS, "task.train_size=300", "task.test_size=8", "sft.steps=40", "sft.log_every_steps=40",
                  "trainer.steps=3", "buffer.prefill_samples=12",
-                 "search.prompts_per_batch=4", "search.samples_per_prompt=4", "trainer.prompts_per_step=2",
+                 "search.prompts_per_batch=4", "search.generations_per_prompt=4", "trainer.prompts_per_step=2",
                  "trainer.samples_per_prompt=4", "search.max_new_tokens=8", "eval.max_new_tokens=8",
                  "runtime=local", "logging.progress=false", "logging.tensorboard=false"]) == 0
     summary = json.loads((out / "summary.json").read_text())

@@ -156,7 +156,7 @@ def test_tb_from_a_fixed_mix_of_three_behaviours_reaches_the_kl_floor(tmp_path, 
     floor, as above) leaves 4× margin, in ≈ 15 s."""
     groups = ("search.groups=[{name: policy}, {name: pi_ref_hot, temperature: 1.5, sync: false}, "
               f"{{name: foreign, policy: {foreign_policy}}}]")
-    summary, metrics = run(tmp_path, f"seed={seed}", groups, "search.samples_per_prompt=22", "trainer.steps=400",
+    summary, metrics = run(tmp_path, f"seed={seed}", groups, "search.generations_per_prompt=22", "trainer.steps=400",
                            "eval.every_steps=400")
     end = summary["eval_end"]
     assert summary["eval_start"]["kl_to_target"] > 1.5 and end["kl_to_target"] < 0.03, end

@@ -135,6 +135,7 @@ def test_episodes_generate_with_the_vllm_engine(tmp_path):
     pytest.importorskip("vllm")
     summary, metrics = run(tmp_path, "search.backend=vllm", "search.vllm.kv_cache_gb=0.25",
                            "model.tiny.hidden_size=128", "trainer.steps=6", "eval.every_steps=6",
-                           "search.samples_per_prompt=16", "trainer.samples_per_prompt=4", "buffer.prefill_samples=16")
+                           "search.generations_per_prompt=16", "trainer.samples_per_prompt=4",
+                           "buffer.prefill_samples=16")
     assert metrics[-1]["searcher/version_min"] == 6 and metrics[-1]["episode/ended_done"] >= 16 * 7
     assert summary["eval_end"]["kl_to_target"] < summary["eval_start"]["kl_to_target"]

@@ -126,7 +126,7 @@ def test_redteam_recipe_trains_lora_through_searcher_processes_and_resumes(tiny_
     out = tmp_path / "run"
     common = [f"output_dir={out}", f"model.policy={tiny_lm}", f"task.options.victim={tiny_lm}",
               "task.chat_template=false", "task.options.victim_responses=2", "task.options.victim_max_new_tokens=8",
-              "task.options.min_attack_tokens=2", "search.samples_per_prompt=4", "search.max_new_tokens=8",
+              "task.options.min_attack_tokens=2", "search.generations_per_prompt=4", "search.max_new_tokens=8",
               "buffer.prefill_samples=8", "trainer.samples_per_prompt=4", "checkpoint.every_steps=2",
               "eval.samples_per_prompt=4", "eval.max_new_tokens=8", "logging.progress=false", "model.lora.r=4",
               "mode=sync", "trainer.sync_every_steps=1"]
@@ -197,7 +197,7 @@ def test_gpt2_recipe_runs_with_tiny_models_and_an_hf_classifier(tiny_lm, tmp_pat
                  f"task.options.victim={tiny_lm}", f"task.options.classifier={clf}", "task.options.device=cpu",
                  "model.device=cpu", "search.device=cpu", "search.num_searchers=1", "runtime=inline", "mode=sync",
                  "task.options.victim_responses=2", "task.options.victim_max_new_tokens=8",
-                 "task.options.min_attack_tokens=2", "search.samples_per_prompt=4", "search.max_new_tokens=8",
+                 "task.options.min_attack_tokens=2", "search.generations_per_prompt=4", "search.max_new_tokens=8",
                  "buffer.prefill_samples=8", "trainer.samples_per_prompt=4", "trainer.steps=2",
                  "trainer.warmup_steps=0", "eval.samples_per_prompt=2", "eval.max_new_tokens=8",
                  "logging.progress=false", "model.lora.r=4"])

@@ -1,39 +1,24 @@
-"""The replay buffer and its sampling rule (paper §1.3 and §3).
+"""The replay buffer (paper §1.3 and §3): what the searchers delivered, per prompt, and where recency starts.
 
 Storage: one history per prompt, oldest first. Adding a group deduplicates on the exact response tokens
 (the newest copy wins and moves to the end) and keeps the newest `capacity_per_prompt` items.
 `n_online` counts the unique responses from the latest policy version seen for that prompt: those are
-"the newest items" that recency sampling draws from.
+"the newest items" that recency sampling draws from. The rule that draws from it is tba.algorithm.sampling.
 
-Sampling, per prompt slot, independently:
-  with probability m (online):  a prompt refreshed since the last sync, uniformly without replacement
-                                (the pool refills when exhausted); K of its n_online newest items, without
-                                replacement if n_online ≥ K, else with replacement.
-  otherwise (offline):          any seen prompt, uniformly without replacement (refill when exhausted);
-                                K of its whole history with probabilities softmax(ι · reward), without
-                                replacement unless the history holds fewer than K items.
 "Refreshed since the last sync" is the set of prompts that received data after the trainer's latest
 weight publication; right after a sync that set is still empty, so the previous window's set is used
-(the paper's trainer likewise keeps drawing from the prompts gathered at the last sync).
-
-Two additions, each off unless configured. Completions from elsewhere (tba.rollout.demonstrations: demonstrations,
-logged data)
-are kept per prompt apart from the histories, never evicted, and drawn in data slots: each prompt slot is one
-with probability 2·data_share, and holds K/2 of its prompt's data items and K/2 of its searcher samples, so that
-VarGrad's log Ẑ is estimated over both (a group of one demonstration alone would have δ ≡ 0). And an age cap
-(`buffer.max_sample_age`): a sample of a source that loads the trainer's weights is not drawn once it is more
-than that many versions old; a slot whose prompt has none young enough is drawn again elsewhere, and a draw with
-nothing young enough anywhere raises `NothingYoungEnough` (the loop then waits for fresh samples).
+(the paper's trainer likewise keeps drawing from the prompts gathered at the last sync). Completions from
+elsewhere (tba.rollout.demonstrations) are kept per prompt apart from the histories and never evicted.
 
 Durability: the buffer owns its `BufferStore` (`open`, `close`). Once open, `extend` writes the groups to
 disk before they enter memory, so a group the trainer may sample is always on disk. At a checkpoint (with
 `buffer.compact` on), `snapshot` records the in-memory state in the store (references to stored samples) and,
 once the checkpoint is written, `compact` deletes the samples no kept checkpoint can draw again. `restore`
-rebuilds the exact in-memory state from the checkpoint's snapshot
-(or, for a store without one, by replaying every group), the checkpoint's `state_dict` (sampling RNG,
-windows, pools), and then re-adds the groups accepted after that checkpoint. Memory: `max_samples` bounds
-the in-memory buffer by evicting the prompt that was refreshed longest ago — without it a long run grows
-by every unique completion; an evicted prompt's samples leave the store at the next compaction.
+rebuilds the exact in-memory state from the checkpoint's snapshot (or, for a store without one, by replaying
+every group), the checkpoint's `state_dict` (sampling RNG, windows, pools), and then re-adds the groups accepted
+after that checkpoint. Memory: `max_samples` bounds the in-memory buffer by evicting the prompt that was
+refreshed longest ago — without it a long run grows by every unique completion; an evicted prompt's samples
+leave the store at the next compaction.
 """
 
 from __future__ import annotations
@@ -44,8 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tba.algorithm.sampling import NothingYoungEnough, Pools, Rule, draw_slot
 from tba.algorithm.store import BufferStore
 from tba.algorithm.types import Draw, Group, Sample
+
+__all__ = ["NothingYoungEnough", "ReplayBuffer"]
 from tba.config.schema import BufferConfig
 
 
@@ -55,15 +43,6 @@ class PromptHistory:
     items: list[Sample] = field(default_factory=list)
     latest_version: int = -1
     n_online: int = 0
-
-
-class NothingYoungEnough(RuntimeError):
-    """Every sample the buffer holds is older than buffer.max_sample_age: fresh samples are needed first."""
-
-
-REPICKS = 8
-"""With an age cap: a slot whose prompt holds nothing young enough is drawn again this many times at random
-before the prompts that do hold a young sample are looked for."""
 
 
 @dataclass
@@ -85,30 +64,24 @@ class StoredSample(Sample):
 
 
 class ReplayBuffer:
-    def __init__(self, cfg: BufferConfig | None = None, *, seed: int = 0, synced: frozenset[str] | None = None,
+    def __init__(self, cfg: BufferConfig | None = None, *, seed: int = 0, aging: frozenset[str] | None = None,
                  data_sources: frozenset[str] = frozenset(), data_share: float = 0.0):
-        """`synced`: the sources whose samples age (they load the trainer's weights; None = every source), which
+        """`aging`: the sources whose samples age (they load the trainer's weights; None = every source), which
         the age cap applies to; `data_sources`: the sources that are completions from elsewhere
-        (tba.rollout.demonstrations),
-        drawn at `data_share` of the samples."""
+        (tba.rollout.demonstrations), drawn at `data_share` of the samples."""
         self.cfg = cfg = cfg or BufferConfig()
-        self.synced, self.data_sources, self.data_share = synced, data_sources, data_share
+        self.rule = Rule(cfg.online_prob, cfg.offline_inverse_temperature, cfg.max_sample_age, aging, data_share)
+        self.data_sources = data_sources
         self.data: dict[int, list[StoredSample]] = {}  # prompt → its data items (demonstrations): never evicted
         self._data_tokens: dict[int, list[int]] = {}
         self.too_old = 0  # samples the age cap kept out of the last draw
-        self.capacity = cfg.capacity_per_prompt
-        self.online_prob = cfg.online_prob
-        self.inverse_temperature = cfg.offline_inverse_temperature
-        self.dedup = cfg.dedup
         self.rng = np.random.default_rng(seed)
         self.histories: dict[int, PromptHistory] = {}
         self._refreshed: dict[int, None] = {}  # ordered set: prompts with data since the last sync
         self._previous_window: dict[int, None] = {}
-        self._online_used: set[int] = set()
-        self._offline_used: set[int] = set()
-        self.groups_added = 0
-        self.max_samples, self.store = cfg.max_samples, None
-        self.evicted_prompts = 0
+        self.pools = Pools()
+        self.groups_added, self.evicted_prompts = 0, 0
+        self.store: BufferStore | None = None
         self._size = 0
         self._version_sum = 0  # Σ version over the samples held: the mean age without walking them
 
@@ -152,19 +125,19 @@ class ReplayBuffer:
         h = self.histories.pop(group.prompt_id, None) or PromptHistory(list(group.prompt_tokens))
         self.histories[group.prompt_id] = h  # dict order = refresh order, least recently refreshed first
         self._forget(h.items)
-        ages = self.synced is None or group.source in self.synced
+        ages = self.rule.aging is None or group.source in self.rule.aging
         version = max(s.version for s in group.samples) if ages else max(h.latest_version, 0)  # see `order`
         incoming: dict[tuple[int, ...], Sample] = {}
         for s in (StoredSample.of(s, seq, i) for i, s in enumerate(group.samples)):  # later samples win too
             s.order = s.version if ages else version
-            key = tuple(s.response) if self.dedup else (id(s),)
+            key = tuple(s.response) if self.cfg.dedup else (id(s),)
             incoming.pop(key, None)
             incoming[key] = s
-        if self.dedup:
+        if self.cfg.dedup:
             h.items = [s for s in h.items if tuple(s.response) not in incoming]
         h.items.extend(incoming.values())
         h.items.sort(key=lambda s: s.order)  # stable: within a version, insertion order is kept
-        del h.items[: max(0, len(h.items) - self.capacity)]
+        del h.items[: max(0, len(h.items) - self.cfg.capacity_per_prompt)]
         if version > h.latest_version:
             h.latest_version, h.n_online = version, len(incoming)
         elif version == h.latest_version:
@@ -192,15 +165,15 @@ class ReplayBuffer:
 
     def _evict(self) -> None:
         """Drop least-recently-refreshed prompts (never the current or previous window) above max_samples."""
-        if self.max_samples is None:
+        if self.cfg.max_samples is None:
             return
         for pid in list(self.histories):
-            if self._size <= self.max_samples:
+            if self._size <= self.cfg.max_samples:
                 return
             if pid in self._refreshed or pid in self._previous_window:
                 continue
             self._forget(self.histories.pop(pid).items)
-            self._offline_used.discard(pid)
+            self.pools.offline.discard(pid)
             self.evicted_prompts += 1
 
     def _hold(self, items: list[Sample]) -> None:
@@ -215,7 +188,7 @@ class ReplayBuffer:
         """Sampling state for a checkpoint (JSON-able). The items themselves live in the store."""
         return {"groups_added": self.groups_added, "rng": self.rng.bit_generator.state,
                 "refreshed": list(self._refreshed), "previous_window": list(self._previous_window),
-                "online_used": sorted(self._online_used), "offline_used": sorted(self._offline_used),
+                "online_used": sorted(self.pools.online), "offline_used": sorted(self.pools.offline),
                 "evicted_prompts": self.evicted_prompts}
 
     def snapshot(self) -> None:
@@ -269,7 +242,7 @@ class ReplayBuffer:
             self.rng.bit_generator.state = state["rng"]
             self._refreshed = dict.fromkeys(state["refreshed"])
             self._previous_window = dict.fromkeys(state["previous_window"])
-            self._online_used, self._offline_used = set(state["online_used"]), set(state["offline_used"])
+            self.pools = Pools(set(state["online_used"]), set(state["offline_used"]))
             self.evicted_prompts = state["evicted_prompts"]
         later = 0
         for seq, _, g in self.store.iter_groups(self.groups_added):
@@ -307,20 +280,7 @@ class ReplayBuffer:
         if self._refreshed:
             self._previous_window = self._refreshed
         self._refreshed = {}
-        self._online_used = set()
-
-    def _pick_prompt(self, candidates: list[int], used: set[int]) -> int:
-        free = [p for p in candidates if p not in used]
-        if not free:  # pool exhausted: refill with the prompts already used
-            used.clear()
-            free = candidates
-        pid = free[self.rng.integers(len(free))]
-        used.add(pid)
-        return pid
-
-    def _draw_items(self, items: list[Sample], k: int, probs: np.ndarray | None) -> list[Sample]:
-        idx = self.rng.choice(len(items), size=k, replace=len(items) < k, p=probs)
-        return [items[i] for i in idx]
+        self.pools.online = set()
 
     def sample(self, num_prompts: int, k: int, version: int | None = None) -> list[Draw]:
         """B = num_prompts groups of K samples each, by the paper's recency/reward rule (and data slots). With
@@ -328,52 +288,11 @@ class ReplayBuffer:
         if not self.histories:
             raise RuntimeError("cannot sample from an empty replay buffer (prefill first)")
         window = list(self._refreshed or self._previous_window)
-        with_data = [pid for pid in self.data if pid in self.histories] if self.data_share and self.data else []
-        self.too_old = 0
-        return [self._draw(window, with_data, k, version) for _ in range(num_prompts)]
-
-    def _young(self, items: list[Sample], version: int | None, count: bool = True) -> list[Sample]:
-        """`items` without the samples the age cap excludes (those of sources that age, > cap versions old);
-        `count`: add the excluded ones to `too_old`."""
-        cap = self.cfg.max_sample_age
-        if cap is None or version is None:
-            return items
-        young = [s for s in items if version - s.version <= cap or (self.synced is not None
-                                                                      and s.source not in self.synced)]
-        self.too_old += (len(items) - len(young)) if count else 0
-        return young
-
-    def _draw(self, window: list[int], with_data: list[int], k: int, version: int | None) -> Draw:
-        if with_data and self.rng.random() < 2 * self.data_share:  # a data slot: K/2 data, K/2 searcher samples
-            pid = with_data[self.rng.integers(len(with_data))]
-            searched = self._young(self.histories[pid].items, version)
-            if searched:
-                half = k // 2
-                samples = self._draw_items(self.data[pid], half, None) + self._draw_items(searched, k - half, None)
-                return Draw(pid, self.histories[pid].prompt_tokens, samples, online=False, data=True)
-        for attempt in range(REPICKS + 1):
-            online = attempt < REPICKS and bool(window) and self.rng.random() < self.online_prob
-            if online:
-                pid = self._pick_prompt(window, self._online_used)
-                h = self.histories[pid]
-                items = self._young(h.items[len(h.items) - max(h.n_online, 1):], version)
-            else:
-                candidates = list(self.histories) if attempt < REPICKS else [
-                    p for p, h in self.histories.items() if self._young(h.items, version, count=False)]
-                if not candidates:
-                    raise NothingYoungEnough(f"no sample in the buffer is within buffer.max_sample_age="
-                                             f"{self.cfg.max_sample_age} versions of the trainer's {version}")
-                pid = self._pick_prompt(candidates, self._offline_used)
-                h = self.histories[pid]
-                items = self._young(h.items, version)
-            if items:
-                return Draw(pid, h.prompt_tokens, self._draw_items(items, k, self._priorities(items, online)), online)
-        raise NothingYoungEnough("unreachable: the last attempt draws among prompts with a young sample")
-
-    def _priorities(self, items: list[Sample], online: bool) -> np.ndarray | None:
-        """Offline draws: softmax(ι · reward) over the prompt's history (None: uniform)."""
-        if online or self.inverse_temperature == 0.0:
-            return None
-        logits = self.inverse_temperature * np.array([s.reward for s in items], dtype=np.float64)
-        probs = np.exp(logits - logits.max())
-        return probs / probs.sum()
+        with_data = [pid for pid in self.data if pid in self.histories] if self.rule.data_share and self.data else []
+        self.too_old, draws = 0, []
+        for _ in range(num_prompts):
+            draw, too_old = draw_slot(self.rng, self.rule, self.histories, window, self.data, with_data, self.pools, k,
+                                      version)
+            draws.append(draw)
+            self.too_old += too_old
+        return draws

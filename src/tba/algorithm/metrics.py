@@ -34,7 +34,7 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
     several sources — each source's share (tba.run.logger.source_metrics)."""
     staleness = [version - s.version for d in draws for s in d.samples]
     extra = {}
-    if buffer.cfg.max_sample_age is not None:
+    if buffer.rule.max_sample_age is not None:
         extra["buffer/too_old"] = buffer.too_old
     if buffer.data:
         extra["buffer/data_fraction"] = float(np.mean([d.data for d in draws]))

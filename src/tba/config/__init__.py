@@ -22,23 +22,10 @@ import yaml
 from tba.config.schema import RunConfig
 from tba.errors import ConfigError
 
-MOVED = {
-    "task.digits": "task.options.digits",
-    "task.teacher_slip_prob": "task.options.teacher_slip_prob",
-    "task.prompt_template": "task.options.prompt_template",
-    "task.source": "task.options.source",
-    "search.ready_timeout_s": "supervision.ready_timeout_s",
-    "search.collect_timeout_s": "supervision.collect_timeout_s",
-    "search.heartbeat_timeout_s": "supervision.heartbeat_timeout_s",
-    "search.heartbeat_floor_s": "supervision.heartbeat_floor_s",
-    "search.max_restarts": "supervision.max_restarts",
-    "search.num_cpus": "ray.searcher_cpus",
-    "search.num_gpus": "ray.searcher_gpus",
-    "search.resources": "ray.searcher_resources",
-}
-"""Old key → where it lives now: a recipe that still uses an old key stops with this message instead of running
-with the default. Every task takes its own settings one way (`task.options`); the searchers' supervision and
-their Ray resources left `search`, which describes what searchers sample and where they run."""
+RENAMED = {"search.samples_per_prompt": "search.generations_per_prompt"}
+"""Keys renamed before 0.1.0's release, kept so that a recipe written with the old name stops with one message
+naming the new key instead of running with the default: S (generated per prompt) and K (trained on per prompt,
+trainer.samples_per_prompt) had the same name."""
 
 DEFAULT_RECIPE = Path(__file__).parents[1] / "recipes" / "arith_tiny_cpu.yaml"
 
@@ -91,25 +78,42 @@ def _item_type(annotation) -> type | None:
     return None
 
 
+def _check_keys(obj, keys: list[str], prefix: str) -> None:
+    """Every key of `keys` that section `obj` does not have, reported at once (each with its nearest names)."""
+    names = [f.name for f in dataclasses.fields(obj)]
+    unknown = [k for k in keys if k not in names]
+    if not unknown:
+        return
+    described = []
+    for k in unknown:
+        near = difflib.get_close_matches(k, names, n=3)
+        described.append(f"'{prefix}{k}'" + (f" (did you mean {', '.join(prefix + n for n in near)}?)" if near else ""))
+    raise ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(described)}")
+
+
+def _set_all(section, mapping: dict, prefix: str) -> None:
+    """Set every key of `mapping` on `section`, its unknown keys reported together first."""
+    renamed = [prefix + str(k) for k in mapping if prefix + str(k) in RENAMED]
+    _check_keys(section, [str(k) for k in mapping if prefix + str(k) not in renamed], prefix)
+    for k, v in mapping.items():
+        _apply(section, str(k), v, prefix)
+
+
 def _apply(obj, key: str, value, prefix: str = "") -> None:
     """Set dotted `key` on nested dataclass `obj`, validating the name and the type."""
     head, _, rest = key.partition(".")
     full = prefix + head
-    if (moved := MOVED.get(f"{full}.{rest}" if rest else full)) is not None:
-        raise ConfigError(f"{full}{'.' + rest if rest else ''} has moved: set {moved} instead")
+    if (renamed := RENAMED.get(f"{full}.{rest}" if rest else full)) is not None:
+        raise ConfigError(f"{full}{'.' + rest if rest else ''} is now {renamed} (S, completions generated per "
+                          "prompt; trainer.samples_per_prompt is K, the samples of a prompt an update trains on)")
     hints = typing.get_type_hints(type(obj))
-    names = [f.name for f in dataclasses.fields(obj)]
-    if head not in names:
-        near = difflib.get_close_matches(head, names, n=3)
-        hint = f" (did you mean {', '.join(prefix + n for n in near)}?)" if near else ""
-        raise ConfigError(f"unknown config key '{full}'{hint}")
+    _check_keys(obj, [head], prefix)
     current = getattr(obj, head)
     if dataclasses.is_dataclass(current):
         if rest:
             _apply(current, rest, value, full + ".")
         elif isinstance(value, dict):
-            for k, v in value.items():
-                _apply(current, str(k), v, full + ".")
+            _set_all(current, value, full + ".")
         else:
             raise ConfigError(f"{full}: is a section; expected a mapping, got {value!r}")
         return
@@ -132,8 +136,7 @@ def _apply(obj, key: str, value, prefix: str = "") -> None:
         items = []
         for i, entry in enumerate(value):
             items.append(item())
-            for k, v in entry.items():
-                _apply(items[-1], str(k), v, f"{full}[{i}].")
+            _set_all(items[-1], entry, f"{full}[{i}].")
         value = items
     setattr(obj, head, value if item is not None else _coerce(full, value, hints[head]))
 

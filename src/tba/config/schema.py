@@ -4,8 +4,7 @@ searchers' sections (`search`, `supervision`, `ray`) are in tba.config.search.
 
 `tba.config` reads YAML and dotted overrides into these classes and validates them; this file is only the
 schema, so it reads as the reference of what can be set. The paper's symbols are given next to the fields
-(S, K, B, m, k, ι, β); docs/algorithm.md maps each one to the code that uses it. Keys that moved are listed in
-`tba.config.MOVED`: an old recipe that still uses one stops with a message naming the new place.
+(S, K, B, m, k, ι, β); docs/algorithm.md maps each one to the code that uses it.
 """
 
 from __future__ import annotations

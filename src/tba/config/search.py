@@ -93,8 +93,9 @@ class SearchConfig:
     top_p: float = setting(1.0, probability)
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p, renormalised;
     log-probs everywhere are of that renormalised distribution. 1.0 = off (full support)."""
-    samples_per_prompt: int = setting(10, positive)
-    """S: completions generated per prompt (S ≥ K so that dedup still leaves K unique ones)."""
+    generations_per_prompt: int = setting(10, positive)
+    """S: completions generated per prompt and search batch (S ≥ trainer.samples_per_prompt = K, so that dedup
+    still leaves K unique ones)."""
     prompts_per_batch: int = setting(8, positive)
     """Prompts per search iteration (one generate call of prompts × S sequences)."""
     max_new_tokens: int = setting(32, positive)

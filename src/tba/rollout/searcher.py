@@ -147,7 +147,7 @@ class Searcher:
     def _groups(self, prompts: list[Prompt], prompt_tokens: list[list[int]], batch: _Batch) -> list[Group]:
         """The batch as one Group per prompt: every kept sample with its π_ref log-probs (the environment's
         tokens zeroed) at the scoring temperature."""
-        s = self.cfg.samples_per_prompt
+        s = self.cfg.generations_per_prompt
         flat_prompts = [pt for pt in prompt_tokens for _ in range(s)]
         ref_logp, _ = response_logprobs(self.reference, flat_prompts, batch.responses, self.scoring_temperature,
                                         self.tokenizer.pad_token_id)  # [N, R]
@@ -166,7 +166,7 @@ class Searcher:
 
     def _completions(self, prompts: list[Prompt], prompt_tokens: list[list[int]]) -> _Batch:
         """Single-turn: S completions per prompt from the sampler, scored by the task's reward."""
-        s = self.cfg.samples_per_prompt
+        s = self.cfg.generations_per_prompt
         outputs = self._generate(prompt_tokens, s, self.cfg.max_new_tokens)
         responses = [r for r, _ in outputs]
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
@@ -182,7 +182,7 @@ class Searcher:
         """Multi-turn: S episodes per prompt, each turn from the sampler; failed episodes get None (dropped) and
         every end is counted by reason."""
         episodes = run_episodes(lambda contexts, n: self._generate(contexts, 1, n), self.tokenizer, self.task,
-                                prompts, prompt_tokens, num_samples=self.cfg.samples_per_prompt,
+                                prompts, prompt_tokens, num_samples=self.cfg.generations_per_prompt,
                                 max_new_tokens=self.cfg.max_new_tokens, limits=Limits.of(self.cfg))
         for e in episodes:
             self.stats.episode_ends[e.end] += 1

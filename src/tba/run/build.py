@@ -28,7 +28,15 @@ from tba.algorithm.state import RunState
 from tba.algorithm.trainer import Trainer
 from tba.config import RunConfig
 from tba.config.schema import SearchConfig, SearcherGroup
-from tba.models import apply_lora, load_model, load_tokenizer, num_parameters, resolve_device, save_checkpoint, synced_tensors
+from tba.models import (
+    apply_lora,
+    load_model,
+    load_tokenizer,
+    num_parameters,
+    resolve_device,
+    save_checkpoint,
+    synced_tensors,
+)
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.sources import resolve_source
 from tba.plugins import load_object
@@ -131,7 +139,7 @@ def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_sta
     """The replay buffer: restored from RUN_DIR/buffer.sqlite on resume (and persisted there as it fills),
     or, for runtime=offline, loaded once from `buffer.source` (read-only, closed after loading)."""
     b, d = cfg.buffer, cfg.data
-    buffer = ReplayBuffer(b, seed=cfg.seed, synced=aging_sources(cfg),
+    buffer = ReplayBuffer(b, seed=cfg.seed, aging=aging_sources(cfg),
                           data_sources=frozenset({d.name} if d.source else ()), data_share=d.share if d.source else 0.0)
     if cfg.runtime == "offline":  # train on a saved buffer; nothing new is written
         store = buffer.open(b.source, readonly=True)
