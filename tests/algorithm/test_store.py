@@ -67,3 +67,23 @@ def test_clear_errors_for_missing_foreign_and_unwritable_stores(tmp_path):
         store.append([group(1, n=200)], step=1)
     assert store.num_groups() == 0  # the failed transaction left nothing half-written
     assert isinstance(store.db, sqlite3.Connection)
+
+
+def test_a_store_of_another_format_is_refused_with_what_to_do(tmp_path):
+    """No migrations: a buffer.sqlite written with another schema stops the run with one error naming the way out."""
+    import sqlite3
+
+    from tba.algorithm.store import FORMAT_VERSION, StoreError
+
+    store = BufferStore(tmp_path)
+    store.append([Group(1, [5, 6], [Sample([7, 8], [-1.0, -1.0], 1.0, 0)])], step=0)
+    store.close()
+    assert BufferStore(tmp_path, readonly=True).num_groups() == 1  # its own format: fine
+    db = sqlite3.connect(tmp_path / "buffer.sqlite")
+    with db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION + 1,))
+    db.close()
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match=rf"replay buffer of format {FORMAT_VERSION + 1}; this tba reads format "
+                                             rf"{FORMAT_VERSION}\. Start the run over .*--overwrite"):
+            BufferStore(tmp_path, readonly=readonly)

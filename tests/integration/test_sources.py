@@ -1,15 +1,12 @@
 """Several behaviour policies feeding one buffer (search.groups): each searcher's spec, every sample's source
-through the store, a checkpoint and a resume, a fixed group that never loads the trainer's weights, and stores
-written before sources existed."""
+through the store, a checkpoint and a resume, and a fixed group that never loads the trainer's weights."""
 
 import json
-import sqlite3
 
 import pytest
 from paths import TINY as TINY_RECIPE
 
 from tba.algorithm.store import BufferStore
-from tba.algorithm.types import Group, Sample
 from tba.config import load_config
 from tba.models import save_checkpoint
 from tba.run.build import build_models, build_task, searcher_specs
@@ -79,22 +76,7 @@ def test_a_fixed_group_never_loads_the_trainers_weights(tmp_path, other_policy):
     run = build_run(cfg, tmp_path, None, {}, RunState())
     policy, hot, other = run.runtime.all
     run.runtime.publish(run.trainer.weights(), 1)
-    assert (policy.version, policy.loads) == (1, 1) and (hot.version, hot.loads) == (0, 0) and other.loads == 0
+    assert (policy.version, policy.stats.loads) == (1, 1) and (hot.version, hot.stats.loads) == (0, 0)
+    assert other.stats.loads == 0
     run.runtime.stop()
     run.buffer.close()
-
-
-def test_a_store_written_before_sources_reads_as_the_policys_and_gains_the_column(tmp_path):
-    store = BufferStore(tmp_path)
-    store.append([Group(1, [5, 6], [Sample([7, 8], [-1.0, -1.0], 1.0, 0)])], step=0)
-    store.close()
-    db = sqlite3.connect(tmp_path / "buffer.sqlite")  # as an older tba wrote it: no source column
-    db.executescript("CREATE TABLE g2 AS SELECT seq, prompt_id, step, time FROM groups; DROP TABLE groups; "
-                     "ALTER TABLE g2 RENAME TO groups;")
-    db.close()
-    readonly = BufferStore(tmp_path, readonly=True)
-    assert [g.source for _, _, g in readonly.iter_groups()] == ["policy"]
-    readonly.close()
-    writable = BufferStore(tmp_path)  # opened for writing: the column is added
-    writable.append([Group(2, [5], [Sample([9], [-1.0], 0.0, 1, source="hot")], source="hot")], step=1)
-    assert [g.source for _, _, g in writable.iter_groups()] == ["policy", "hot"]

@@ -172,17 +172,3 @@ def test_an_episode_round_trips_through_the_store_exactly(tmp_path):
     assert g.samples[0] == s and g.samples[1] == single and g.samples[1].policy_mask == []
     assert store.load_samples([(1, 0)])[1, 0] == s
     store.close()
-
-
-def test_a_store_written_before_episodes_opens_single_turn(tmp_path):
-    path = tmp_path / "buffer.sqlite"
-    store = BufferStore(path)
-    store.append([Group(0, [1, 2], [Sample([5, 6], [-0.5, -0.1], 0.0, 0, [-0.4, -0.1])])], step=1)
-    with store.db:  # what an older tba wrote: no policy_mask column
-        store.db.execute("ALTER TABLE samples DROP COLUMN policy_mask")
-    store.close()
-    (_, _, g), = BufferStore(path, readonly=True).iter_groups()
-    assert g.samples[0].policy_mask == []
-    writer = BufferStore(path)  # opened for writing: the column is added, old rows stay single-turn
-    writer.append([Group(0, [1, 2], [Sample([5], [-0.5], 1.0, 1, [-0.4], "policy", [1])])], step=2)
-    assert [g.samples[0].policy_mask for _, _, g in writer.iter_groups()] == [[], [1]]

@@ -176,3 +176,15 @@ def test_cuda_rng_round_trip_on_a_gpu():
     torch.cuda.manual_seed_all(6)
     set_rng_state(state)
     assert torch.equal(torch.rand(8, device="cuda"), expected)
+
+
+def test_a_checkpoint_of_another_format_is_refused_with_what_to_do(tmp_path, tiny_model, tiny_tokenizer):
+    model, opt = _trained(tiny_model)
+    path = ckpt.save(tmp_path, step=1, policy=model, tokenizer=tiny_tokenizer, optimizer=opt, state={})
+    assert ckpt.load(path)["format_version"] == ckpt.FORMAT_VERSION
+    state = json.loads((path / "state.json").read_text())
+    state["format_version"] = ckpt.FORMAT_VERSION + 1
+    (path / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ckpt.CheckpointError, match=rf"of format {ckpt.FORMAT_VERSION + 1}; this tba reads format "
+                                                   rf"{ckpt.FORMAT_VERSION}\. Start the run over .*model.policy="):
+        ckpt.load(path)

@@ -64,7 +64,7 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     """Restore what `rng_state` returned. CUDA states are restored when this process sees as many devices
-    as they were saved from, else skipped with a warning; states without them (older checkpoints) load."""
+    as they were saved from, else skipped with a warning; a state saved without CUDA in use has none."""
     v, internal, gauss = state["python"]
     random.setstate((v, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]

@@ -12,19 +12,20 @@ Schema (the `seq` of a group is its acceptance order, 1-based; replaying groups 
 
     prompts(prompt_id, tokens)                      tokens: int32 little-endian bytes
     groups(seq, prompt_id, step, time, source)      step: trainer step at which the group was accepted;
-                                                    source: the searcher group or data that produced it (a
-                                                    store written before sources existed gets the column,
-                                                    every group "policy", when it is opened for writing)
+                                                    source: the searcher group or data that produced it
     syncs(after_seq, step)                          a weight publication (new recency window) after group seq
     samples(seq, idx, version, reward, response, ref_logprobs, behaviour_logprobs, policy_mask)
                                                     response int32 bytes, log-probs float32 bytes (lossless:
                                                     they were computed in float32); policy_mask uint8 bytes
                                                     for a multi-turn episode (1 = the policy's token), NULL
-                                                    otherwise (a store written before episodes gets the column
-                                                    when it is opened for writing)
+                                                    otherwise
     snapshots(upto, sync_rowid, state, items)       the in-memory buffer after group `upto` (one per checkpoint):
                                                     its prompts in order and (seq, idx) references to the items
-    meta(key, value)                                `groups`: groups ever accepted (the next seq is groups + 1)
+    meta(key, value)                                `groups`: groups ever accepted (the next seq is groups + 1);
+                                                    `format_version`: this schema's version (FORMAT_VERSION)
+
+A store of another format version is refused with one error that says what to do (tba keeps no migrations:
+start the run over, or read it with the version that wrote it).
 
 Why snapshots and compaction: kept whole, the log grows by every sample ever generated (≈ 300 MB per hour
 of the default recipe on 2 cores) although the sampler can only ever draw what is in memory. At each
@@ -62,6 +63,8 @@ CREATE TABLE IF NOT EXISTS snapshots(upto INTEGER PRIMARY KEY, sync_rowid INTEGE
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 FILENAME = "buffer.sqlite"
+FORMAT_VERSION = 1
+"""The schema's version, written into every store; bump it whenever the schema or a blob's encoding changes."""
 
 
 class StoreError(UserError, RuntimeError):
@@ -113,20 +116,28 @@ class BufferStore:
         if missing := {"prompts", "groups", "samples", "syncs", "snapshots", "meta"} - tables:
             raise StoreError(f"{self.path} is not a replay buffer this tba can read: no table "
                              f"{', '.join(sorted(missing))}")
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(groups)")}
-        if "source" not in columns and not readonly:  # written before sources: every group was the policy's
-            with self.db:
-                self.db.execute("ALTER TABLE groups ADD COLUMN source TEXT NOT NULL DEFAULT 'policy'")
-        self._source = "g.source" if "source" in columns or not readonly else "'policy'"
-        sample_columns = {row[1] for row in self.db.execute("PRAGMA table_info(samples)")}
-        if "policy_mask" not in sample_columns and not readonly:  # written before episodes: all single-turn
-            with self.db:
-                self.db.execute("ALTER TABLE samples ADD COLUMN policy_mask BLOB")
-        self._mask = "s.policy_mask" if "policy_mask" in sample_columns or not readonly else "NULL"
+        self._check_format(readonly)
         counted = self.db.execute("SELECT value FROM meta WHERE key = 'groups'").fetchone()
         last = self.db.execute("SELECT coalesce(max(seq), 0) FROM groups").fetchone()[0]
         self.accepted = counted[0] if counted else last  # compaction may have removed the last groups' rows
         self._known_prompts: set[int] = set()
+
+    def _check_format(self, readonly: bool) -> None:
+        """A new store gets this tba's FORMAT_VERSION; an existing one must have it."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
+        fresh = self.db.execute("SELECT count(*) FROM groups").fetchone()[0] == 0 and self.db.execute(
+            "SELECT count(*) FROM meta").fetchone()[0] == 0
+        if row is None and fresh and not readonly:
+            with self.db:
+                self.db.execute("INSERT INTO meta VALUES ('format_version', ?)", (FORMAT_VERSION,))
+            return
+        found = row[0] if row is not None else 0
+        if found != FORMAT_VERSION:
+            run = self.path.parent
+            raise StoreError(f"{self.path} is a replay buffer of format {found}; this tba reads format "
+                             f"{FORMAT_VERSION}. Start the run over (`tba train --overwrite`, or another output_dir), "
+                             f"or set it aside (`mv {self.path} {run / f'buffer.format{found}.sqlite'}`) "
+                             "and resume without it, or read it with the tba version that wrote it")
 
     def append(self, groups: list[Group], step: int) -> int:
         """Persist `groups` in one transaction; returns (once they are on disk) the seq of the first one."""
@@ -178,8 +189,8 @@ class BufferStore:
         stop = stop if stop is not None else 2**62
         prompts = self.prompt_tokens()
         rows = self.db.execute(
-            f"SELECT g.seq, g.prompt_id, g.step, {self._source}, s.version, s.reward, s.response, s.ref_logprobs, "
-            f"s.behaviour_logprobs, {self._mask} FROM groups g JOIN samples s ON s.seq = g.seq "
+            "SELECT g.seq, g.prompt_id, g.step, g.source, s.version, s.reward, s.response, s.ref_logprobs, "
+            "s.behaviour_logprobs, s.policy_mask FROM groups g JOIN samples s ON s.seq = g.seq "
             "WHERE g.seq > ? AND g.seq <= ? ORDER BY g.seq, s.idx", (start, stop))
         current, samples, meta = None, [], None
         for seq, pid, step, source, *sample, mask in rows:
@@ -221,8 +232,8 @@ class BufferStore:
         out = {}
         for lo, hi in _spans(sorted({seq for seq, _ in wanted})):
             for seq, idx, *sample in self.db.execute(
-                    f"SELECT s.seq, s.idx, s.version, s.reward, s.response, s.ref_logprobs, s.behaviour_logprobs, "
-                    f"{self._source}, {self._mask} FROM samples s JOIN groups g ON g.seq = s.seq "
+                    "SELECT s.seq, s.idx, s.version, s.reward, s.response, s.ref_logprobs, s.behaviour_logprobs, "
+                    "g.source, s.policy_mask FROM samples s JOIN groups g ON g.seq = s.seq "
                     "WHERE s.seq >= ? AND s.seq <= ?",
                     (lo, hi)):
                 if (seq, idx) in wanted:
@@ -276,7 +287,7 @@ class BufferStore:
         sources = {name: {"groups": g, "samples": n, "sample_share": n / max(samples, 1), "reward_mean": r,
                           "version_min": lo, "version_max": hi}
                    for name, g, n, r, lo, hi in q(
-                       f"SELECT {self._source}, count(DISTINCT g.seq), count(*), avg(s.reward), min(s.version), "
+                       "SELECT g.source, count(DISTINCT g.seq), count(*), avg(s.reward), min(s.version), "
                        "max(s.version) FROM samples s JOIN groups g ON g.seq = s.seq GROUP BY 1 ORDER BY 1")}
         return {
             "path": str(self.path),

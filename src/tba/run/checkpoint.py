@@ -23,8 +23,10 @@ the header and the file size, no tensor is read) and model/config.json must pars
 complete checkpoint is usable, CheckpointError names every bad file.
 
 CUDA RNG states are saved only where CUDA is already initialized (saving never initialises it) and restored
-only on as many devices as they were saved from (otherwise a warning, and the generators stay as they are);
-checkpoints without them load as before.
+only on as many devices as they were saved from (otherwise a warning, and the generators stay as they are).
+
+state.json records FORMAT_VERSION; a checkpoint of another format is refused with one error that says what to do
+(tba keeps no migrations).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from tba.errors import UserError
 logger = logging.getLogger(__name__)
 
 STATE = "state.json"
+FORMAT_VERSION = 1
+"""The checkpoint layout's version, written into every state.json; bump it whenever what a checkpoint holds changes."""
 TENSORS = "tensors.safetensors"
 
 
@@ -113,7 +117,8 @@ def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict,
             reference.save_pretrained(tmp / "reference", safe_serialization=True)
         tensors, groups = _optimizer_tensors(optimizer)
         save_file(tensors, str(tmp / TENSORS))
-        payload = {**state, "step": step, "optimizer_param_groups": groups, "rng": rng_state(), "complete": True}
+        payload = {**state, "format_version": FORMAT_VERSION, "step": step, "optimizer_param_groups": groups,
+                   "rng": rng_state(), "complete": True}
         (tmp / STATE).write_text(json.dumps(payload))
         _fsync_tree(tmp)
         if final.exists():
@@ -287,6 +292,12 @@ def load(path: Path, *, optimizer=None) -> dict:
         state = json.loads((path / STATE).read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e}") from None
+    if (found := state.get("format_version", 0)) != FORMAT_VERSION:
+        run = path.parent.parent
+        raise CheckpointError(f"checkpoint {path} is of format {found}; this tba reads format {FORMAT_VERSION}. "
+                              f"Start the run over (`tba train --overwrite`, or another output_dir), export its policy "
+                              f"with the tba version that wrote it, or train from its weights: "
+                              f"model.policy={path / 'model'}" + (f" (run {run})" if run.name else ""))
     if optimizer is not None:
         load_optimizer(path, optimizer, state["optimizer_param_groups"])
     return state
