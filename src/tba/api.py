@@ -80,9 +80,10 @@ class TBATrainer:
         self.args, self.callbacks = cfg, list(callbacks or [])
         self.summary: dict | None = None
 
-    def train(self, *, resume: bool = False, overwrite: bool = False) -> dict:
+    def train(self, *, resume: bool = False, overwrite: bool = False, set_aside_buffer: bool = False) -> dict:
         """Train to `args.trainer.steps` (a fresh run, or `resume` the one in args.output_dir); returns the
-        summary. `overwrite` replaces a finished or stopped run in output_dir."""
+        summary. `overwrite` replaces a finished or stopped run in output_dir; `set_aside_buffer` (with `resume`)
+        moves aside a replay buffer that cannot be read and resumes with the groups it can still read."""
         from tba.run.progress import log_to_console
         from tba.run.train import train
 
@@ -93,7 +94,8 @@ class TBATrainer:
             cfg.model.policy = self._save_start(Path(cfg.output_dir), overwrite or resume)
         validate(cfg)
         check_crossing(cfg)
-        self.summary = train(cfg, resume=resume, overwrite=overwrite, callbacks=self.callbacks)
+        self.summary = train(cfg, resume=resume, overwrite=overwrite, set_aside_buffer=set_aside_buffer,
+                             callbacks=self.callbacks)
         return self.summary
 
     @property

@@ -167,3 +167,26 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_names_the_bad_files(tmp_
     err = capsys.readouterr().err
     assert f"tba: CheckpointError: no usable checkpoint in {root}" in err and "Traceback" not in err
     assert all(f"{root / f'step_{s:07d}' / 'model' / 'model.safetensors'}: truncated" in err for s in (2, 3))
+
+
+@pytest.mark.slow
+def test_a_corrupt_buffer_is_set_aside_on_request_and_the_run_resumes_from_its_checkpoint(tmp_path, cache, capsys):
+    """A damaged buffer.sqlite stops `--resume` with one line naming the way out; with --set-aside-buffer the file is
+    moved aside, the groups still readable are kept, and the run continues from its checkpoint to the end."""
+    out = tmp_path / "run"
+    assert tba(out, cache, *INLINE, "trainer.steps=4", "checkpoint.every_steps=2") == 0
+    db = out / "buffer.sqlite"
+    for wal in out.glob("buffer.sqlite-*"):
+        wal.unlink()
+    data = bytearray(db.read_bytes())
+    data[len(data) // 2:] = b"\xff" * (len(data) - len(data) // 2)  # half the pages garbage
+    db.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "trainer.steps=6"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and f"tba train --resume {out} --set-aside-buffer" in err and "Traceback" not in err
+    assert main(["train", "--resume", str(out), "--set-aside-buffer", "trainer.steps=6"]) == 0
+    assert "replay buffer set aside as" in capsys.readouterr().err
+    assert (out / "buffer.set-aside-1.sqlite").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trainer_steps"] == 6 and summary["resumed_at_steps"] == [4]

@@ -167,8 +167,8 @@ class Loop:
         the current step."""
         buffer, target = self.buffer, self.settings.prefill_samples if self.runtime.searchers else 0
         prefilled = self.state.received < target
-        while self.state.received < target:
-            self.receive(self.runtime.collect(block=True), self.state.step)
+        while self.state.received < target or (self.runtime.searchers and not len(buffer)):  # (a resume whose
+            self.receive(self.runtime.collect(block=True), self.state.step)  # buffer was set aside starts empty)
         if prefilled or self.state.step == 0:
             buffer.mark_sync(self.state.step)
         if prefilled:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 from tba.cli.command import Command
 from tba.rollout.episodes import turns
+
+logger = logging.getLogger(__name__)
 
 
 def buffer(ns: argparse.Namespace) -> int:
@@ -18,15 +21,10 @@ def buffer(ns: argparse.Namespace) -> int:
     if action == "stats":
         print(json.dumps(store.stats(), indent=1))
         return 0
-    tokenizer = None
-    run = Path(run_dir)
-    candidates = [run / "checkpoint", run / "init", *sorted((run / "checkpoints").glob("step_*/model"))]
-    for c in candidates:
-        if (c / "tokenizer.json").is_file():
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(c))
-            break
+    tokenizer = run_tokenizer(store.path.parent)
+    if tokenizer is None:
+        logger.warning(f"no tokenizer found for {store.path.parent} (its config's model.policy, init/ or a "
+                       "checkpoint): token ids only")
     for n, (seq, step, g) in enumerate(store.iter_groups()):
         if limit is not None and n >= limit:
             break
@@ -48,6 +46,28 @@ def buffer(ns: argparse.Namespace) -> int:
         except BrokenPipeError:  # `| head`
             return 0
     return 0
+
+
+def run_tokenizer(run: Path):
+    """The tokenizer a run's samples were tokenized with: the run's own copy (its final policy, its start in init/, a
+    checkpoint), else the one its config names (model.policy: a hub name, a directory or a .gguf, loaded offline) —
+    a run that stopped before writing either still has its config. None when there is none to find."""
+    from tba.models import load_tokenizer
+
+    for c in [run / "checkpoint", run / "init", *sorted((run / "checkpoints").glob("step_*/model"))]:
+        if (c / "tokenizer.json").is_file() or (c / "tokenizer_config.json").is_file():
+            return load_tokenizer(str(c))
+    if not (run / "config.yaml").is_file():
+        return None
+    from tba.config import load_config
+    from tba.errors import UserError
+
+    try:
+        policy = load_config(run / "config.yaml").model.policy
+        return None if policy in ("builtin", "<in memory>") else load_tokenizer(policy)
+    except (UserError, OSError, ValueError) as e:
+        logger.warning(f"the tokenizer of {run}'s model.policy could not be loaded: {e}")
+        return None
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

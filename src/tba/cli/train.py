@@ -55,7 +55,8 @@ def train(ns: argparse.Namespace) -> int:
     from tba.run.progress import print_summary
 
     try:
-        summary = TBATrainer(args=cfg).train(resume=bool(ns.resume), overwrite=ns.overwrite)
+        summary = TBATrainer(args=cfg).train(resume=bool(ns.resume), overwrite=ns.overwrite,
+                                             set_aside_buffer=ns.set_aside_buffer)
     except KeyboardInterrupt:
         return interrupted(cfg)
     if summary:
@@ -92,6 +93,9 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
     config_arguments(parser)
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last complete checkpoint")
     parser.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
+    parser.add_argument("--set-aside-buffer", action="store_true",
+                        help="--resume: move a replay buffer that cannot be read aside (buffer.set-aside-N.sqlite) "
+                             "and resume from the checkpoint with the groups it can still read")
 
 
 COMMANDS = (Command("train", "Run TBA on a recipe (no config: the embedded default) or resume a run.", train_arguments,

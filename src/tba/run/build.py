@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import logging
 import os
+import sqlite3
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -25,6 +26,7 @@ from tba.algorithm.objectives.tba_prime import ResettingReference
 from tba.algorithm.runtime import Runtime
 from tba.algorithm.seeding import rng_isolated, searcher_seed
 from tba.algorithm.state import RunState
+from tba.algorithm.store import BufferStore, StoreError
 from tba.algorithm.trainer import Trainer
 from tba.config import RunConfig
 from tba.config.schema import SearchConfig, SearcherGroup
@@ -45,6 +47,7 @@ from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator
 from tba.rollout.samplers import sampler_entry
 from tba.rollout.samplers.base import SamplerSpec
+from tba.run import rundir
 from tba.run.checkpoint import CheckpointError, restore_trainer
 from tba.run.sft import cache_key
 from tba.run.sft import warm_start as sft_warm_start
@@ -135,9 +138,12 @@ def start_models(cfg: RunConfig, task: Task, out: Path, resume_from: Path | None
 
 
 # ---- the components ------------------------------------------------------------------------------------------
-def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_state: dict | None):
+def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_state: dict | None,
+                 set_aside: bool = False):
     """The replay buffer: restored from RUN_DIR/buffer.sqlite on resume (and persisted there as it fills),
-    or, for runtime=offline, loaded once from `buffer.source` (read-only, closed after loading)."""
+    or, for runtime=offline, loaded once from `buffer.source` (read-only, closed after loading). A buffer that
+    cannot be read stops a resume with the way out; with `set_aside` (--set-aside-buffer) it is moved aside and
+    the run goes on from the checkpoint with the groups it can still read (`salvaged_buffer`)."""
     b, d = cfg.buffer, cfg.data
     buffer = ReplayBuffer(b, seed=cfg.seed, aging=aging_sources(cfg),
                           data_sources=frozenset({d.name} if d.source else ()), data_share=d.share if d.source else 0.0)
@@ -150,13 +156,45 @@ def build_buffer(cfg: RunConfig, out: Path, resume_from: Path | None, buffer_sta
             buffer.close()
         return buffer
     if b.persist:
-        store = buffer.open(out)
-        if resume_from is not None or store.num_groups():
-            later = buffer.restore(buffer_state)
-            logger.info(f"buffer restored: {buffer.groups_added} groups ({len(buffer)} samples in memory), "
-                f"{later} of them accepted after the checkpoint")
+        try:
+            store = buffer.open(out)
+            if resume_from is not None or store.num_groups():
+                later = buffer.restore(buffer_state)
+                logger.info(f"buffer restored: {buffer.groups_added} groups ({len(buffer)} samples in memory), "
+                            f"{later} of them accepted after the checkpoint")
+        except (StoreError, sqlite3.DatabaseError, RuntimeError) as e:
+            buffer.close()
+            if not set_aside or resume_from is None:
+                raise StoreError(f"the replay buffer of {out} cannot be read ({e}). `tba train --resume {out} "
+                                 "--set-aside-buffer` moves it aside and resumes from the checkpoint with the groups "
+                                 "it can still read") from None
+            return salvaged_buffer(cfg, out)
     elif resume_from is not None:
         raise CheckpointError("buffer.persist=false: this run has no saved buffer to resume from")
+    return buffer
+
+
+def salvaged_buffer(cfg: RunConfig, out: Path) -> ReplayBuffer:
+    """A new buffer for a run whose buffer could not be read: the old file moved aside, and every group that can
+    still be read from it accepted again, in order, into a new buffer.sqlite (the checkpoint's sampling state
+    belonged to the old one and is not restored: the run continues as from a new recency window)."""
+    aside = rundir.set_aside_buffer(out)
+    buffer = ReplayBuffer(cfg.buffer, seed=cfg.seed, aging=aging_sources(cfg),
+                          data_sources=frozenset({cfg.data.name} if cfg.data.source else ()),
+                          data_share=cfg.data.share if cfg.data.source else 0.0)
+    buffer.open(out)
+    salvaged, why = [], "nothing to read"
+    try:
+        old = BufferStore(aside, readonly=True)
+        for _, _, group in old.iter_groups():
+            salvaged.append(group)
+        why = "read to the end"
+    except (StoreError, sqlite3.DatabaseError, OSError) as e:
+        why = f"read until {type(e).__name__}: {e}"
+    if salvaged:
+        buffer.extend(salvaged, step=0)
+    logger.warning(f"replay buffer set aside as {aside}; {len(salvaged)} of its groups ({why}) are in the new "
+                   f"buffer, {len(buffer)} samples over {buffer.num_prompts} prompts")
     return buffer
 
 
@@ -306,9 +344,11 @@ class Run:
     segment."""
 
 
-def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state: RunState) -> Run:
+def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: dict, state: RunState,
+              set_aside_buffer: bool = False) -> Run:
     """Task, models (on their device), trainer (restored on resume), buffer and runtime, in that order.
-    `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.algorithm.state.RunState."""
+    `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.algorithm.state.RunState;
+    `set_aside_buffer`: a buffer that cannot be read is moved aside (`build_buffer`)."""
     task = build_task(cfg)
     prompt_ids = {p.text.strip(): p.id for p in task.train}  # as the task wrote them, before any chat template
     tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state)
@@ -328,7 +368,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
     trainer = build_trainer(cfg, policy, reference, tokenizer)
     if resume_from is not None:
         restore_trainer(trainer, resume_from, checkpoint)
-    buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"))
+    buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), set_aside_buffer)
     data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
     sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
                            tokenizer=state.policy_source)

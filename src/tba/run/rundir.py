@@ -2,7 +2,7 @@
 
     RUN_DIR/config.yaml            resolved config (what --resume reads back)
     RUN_DIR/buffer.sqlite          the durable replay buffer (tba.algorithm.store): accepted groups, compacted at
-    checkpoints
+                                   checkpoints (buffer.set-aside-N.sqlite: one set aside by --set-aside-buffer)
     RUN_DIR/checkpoints/           full checkpoints (tba.run.checkpoint); `latest` names the newest
     RUN_DIR/metrics.jsonl          one line per trainer step; tensorboard/ the same as scalars
     RUN_DIR/checkpoint/            final policy, save_pretrained (what users load)
@@ -75,3 +75,20 @@ def set_aside_metrics(out: Path, after_step: int) -> int:
             f.write("\n".join(moved) + "\n")
     path.write_text("".join(line + "\n" for line in keep))
     return len(moved)
+
+
+def set_aside_buffer(out: Path) -> Path | None:
+    """Move RUN_DIR/buffer.sqlite (and its WAL files) to buffer.set-aside-N.sqlite, N the first free number, so that
+    a run whose buffer cannot be read resumes from its checkpoint (`tba train --resume --set-aside-buffer`).
+    Returns the new path (None: there was no buffer)."""
+    source = out / "buffer.sqlite"
+    if not source.exists():
+        return None
+    n = 1
+    while (out / f"buffer.set-aside-{n}.sqlite").exists():
+        n += 1
+    target = out / f"buffer.set-aside-{n}.sqlite"
+    for suffix in ("", "-wal", "-shm"):
+        if (out / f"buffer.sqlite{suffix}").exists():
+            (out / f"buffer.sqlite{suffix}").rename(out / f"{target.name}{suffix}")
+    return target

@@ -31,7 +31,7 @@ from tba.runtime import forkserver
 logger = logging.getLogger(__name__)
 
 
-def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
+def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, set_aside_buffer: bool = False,
           callbacks: list | None = None) -> dict:
     """Compose a run — fresh, or resumed from the newest usable checkpoint of `cfg.output_dir` — and run the
     loop (tba.algorithm.loop.Loop) to `trainer.steps`; returns the summary (also written to summary.json). `callbacks`
@@ -51,7 +51,7 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False,
     torch.set_num_threads(cfg.threads or default_threads(searchers, cfg.runtime)[0])
     seed_everything(cfg.seed)
     t_run = time.perf_counter()
-    run = build_run(cfg, out, resume_from, checkpoint, state)
+    run = build_run(cfg, out, resume_from, checkpoint, state, set_aside_buffer=set_aside_buffer)
     if resume_from is not None:
         state.resumed_at.append(state.step)
         moved = rundir.set_aside_metrics(out, state.step)
