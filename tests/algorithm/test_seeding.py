@@ -10,7 +10,7 @@ from paths import TINY
 from tba.config import load_config
 from tba.models import save_checkpoint
 from tba.run.build import build_runtime, searcher_specs
-from tba.runtime.specs import ModelSources
+from tba.runtime.searcher_spec import ModelSources
 from tba.runtime.worker import build_searcher
 
 OVERRIDES = ["task.options.digits=2", "task.train_size=200", "task.test_size=20", "search.prompts_per_batch=3",

@@ -11,7 +11,7 @@ from tba.config import load_config
 from tba.models import save_checkpoint
 from tba.run.build import build_models, build_task, searcher_specs
 from tba.run.train import train
-from tba.runtime.specs import ModelSources
+from tba.runtime.searcher_spec import ModelSources
 
 TINY = TINY_RECIPE
 GROUPS = "search.groups=[{name: policy}, {name: hot, temperature: 1.5, sync: false}, {name: other, policy: OTHER}]"

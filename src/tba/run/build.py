@@ -1,10 +1,10 @@
-"""Build everything a run trains with from a validated config, and run it: the only code that reads a
-`RunConfig` and resolves registry names (tasks, objectives, samplers, runtimes).
+"""Build everything a run trains with from a validated config: the only code that reads a `RunConfig` and
+resolves registry names (tasks, objectives, samplers, runtimes).
 
-Every component it makes takes only its own section(s) of the config and finished parts — the trainer its
-`trainer`/`tb`/`baselines` sections and the resolved objective, the buffer its `buffer` section, the searchers
-a `tba.runtime.specs.SearcherSpec` each, the loop its `LoopSettings` — so a component's signature lists everything it
-needs. No training logic here (that is tba.algorithm.loop). `train` composes a run, fresh or resumed, around the loop.
+Every component it makes takes only its own section(s) of the config and finished parts — the trainer a bound
+loss and its `trainer` section, the buffer its `buffer` section, each searcher a
+`tba.runtime.searcher_spec.SearcherSpec`, the loop its `LoopSettings` — so a component's signature lists
+everything it needs. No training logic here (that is tba.algorithm.loop); tba.run.train composes a run around it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from tba.run.checkpoint import CheckpointError, restore_trainer
 from tba.run.sft import cache_key
 from tba.run.sft import warm_start as sft_warm_start
 from tba.runtime import RUNTIMES
-from tba.runtime.specs import ModelSources, SearcherSpec
+from tba.runtime.searcher_spec import ModelSources, SearcherSpec
 from tba.runtime.worker import InlineParts, RuntimeParts
 from tba.tasks import TASKS
 from tba.tasks.base import Scoring, Task
@@ -291,6 +291,18 @@ def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[Se
     return specs
 
 
+def behaviour_policy(cfg: RunConfig, policy, version: int, state: RunState, *, resumed: bool):
+    """(the policy the searchers start from, its version). The trainer's policy — but searchers that are never
+    synced (trainer.sync_every_steps = 0) sample the run's start for the whole run, on a resume too: there it is
+    loaded again from its source (version 0), not taken from the checkpoint."""
+    if not resumed or cfg.trainer.sync_every_steps != 0:
+        return policy, version
+    start = load_model(state.policy_source, cfg.model.dtype).to(next(policy.parameters()).device)
+    if cfg.model.lora.enabled:
+        start = apply_lora(start, cfg.model.lora)  # B = 0: the base, under the trainer's tensor names
+    return start, 0
+
+
 def build_runtime(cfg: RunConfig, *, task: Task, tokenizer, policy, reference, sources: ModelSources, limit: int,
                   version: int = 0, states: list[dict] | None = None) -> Runtime:
     """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from `policy` (the behaviour
@@ -372,12 +384,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
     data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
     sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
                            tokenizer=state.policy_source)
-    behaviour, version = policy, trainer.version
-    if resume_from is not None and cfg.trainer.sync_every_steps == 0:
-        # k = 0, never synced: the searchers' policy is the run's start, on a resume too (not the checkpoint's)
-        behaviour, version = load_model(state.policy_source, cfg.model.dtype).to(device), 0
-        if cfg.model.lora.enabled:
-            behaviour = apply_lora(behaviour, cfg.model.lora)  # B = 0: the base, under the trainer's tensor names
+    behaviour, version = behaviour_policy(cfg, policy, trainer.version, state, resumed=resume_from is not None)
     runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
                             sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"))
     evaluator = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),

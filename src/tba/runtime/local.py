@@ -47,7 +47,7 @@ from tba.algorithm.types import Group
 from tba.models import resolve_device
 from tba.plugins import load_object
 from tba.runtime import forkserver
-from tba.runtime.specs import SearcherSpec
+from tba.runtime.searcher_spec import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
 from tba.runtime.worker import RuntimeParts, SearcherError, Worker, build_searcher

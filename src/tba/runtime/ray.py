@@ -36,7 +36,7 @@ import time
 import torch
 
 from tba.algorithm.types import Group
-from tba.runtime.specs import SearcherSpec
+from tba.runtime.searcher_spec import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
 from tba.runtime.worker import RuntimeParts, SearcherError, Worker, build_searcher, restore_searcher

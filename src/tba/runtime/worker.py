@@ -1,6 +1,7 @@
 """What every runtime shares: what it is built from (`RuntimeParts`), how a worker builds its searcher from a
-`tba.runtime.specs.SearcherSpec`, and what a worker reports with each batch. The seam itself — the `Runtime` protocol
-the loop is written against, and the `RuntimeReport` it reads back — is tba.algorithm.runtime.
+`tba.runtime.searcher_spec.SearcherSpec`, one worker step (`Worker`) and what a worker reports with each batch
+(`WorkerStats`, `worker_report`). The protocol itself — the `Runtime` the loop is written against, and the
+`RuntimeReport` it reads back — is tba.algorithm.runtime.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tba.models import load_model, load_tokenizer, resolve_device
 from tba.plugins import load_object
 from tba.rollout.samplers.base import Sampler, SamplerSpec
 from tba.rollout.searcher import Searcher
-from tba.runtime.specs import SearcherSpec
+from tba.runtime.searcher_spec import SearcherSpec
 from tba.tasks.base import Task
 from tba.tasks.prepare import build_task, fit_prompts
 
