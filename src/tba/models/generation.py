@@ -160,7 +160,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool
     """One token per row of `logits` [B, V] and its log-prob under the distribution it was drawn from.
 
     Sampling is by inverse CDF: token = first i with cumsum(p)_i > u · Σp, u ~ U[0, 1) (one uniform per row),
-    exactly a draw from p — torch.multinomial costs ~10× more at V ≈ 50k on a CPU. With top-p < 1 the kept
+    exactly a draw from p — torch.multinomial is many times slower at V ≈ 50k on a CPU. With top-p < 1 the kept
     set is HF's: tokens in descending order while the mass strictly before them is < top_p (the first always
     stays), found in a growing `topk` rather than a full sort of the vocabulary; p is renormalised over it.
     """
