@@ -1,6 +1,5 @@
 """tba.run.sft: the warm start refuses a multi-turn task; plateau_warning, the check that flags a warm start still
-mid-curve (the cause of the seeds that barely learned, bench/results/learning/seed_robustness.md), on the
-histories those runs actually logged."""
+mid-curve (RL from one can barely move), on held-out accuracy histories of the shape real warm starts log."""
 
 import pytest
 
@@ -12,13 +11,13 @@ def history(accs: list[float], every: int = 100) -> list[dict]:
 
 
 def test_a_warm_start_still_rising_is_flagged_with_its_numbers():
-    # default recipe, seed 3, 1000 SFT steps: its last four evaluations 15, 17, 20, 19 %
+    # still rising over its last four evaluations: 15, 17, 20, 19 %
     msg = plateau_warning(history([0.05, 0.10, 0.15, 0.17, 0.20, 0.194]))
     assert msg and "15.0% → 19.4%" in msg and "steps 300–600" in msg and "sft.steps" in msg
 
 
 def test_a_plateaued_warm_start_is_not_flagged():
-    # default recipe, seed 0, 1500 SFT steps: 34, 34, 33.8, 33.8 %
+    # plateaued: 34, 34, 33.8, 33.8 %
     assert plateau_warning(history([0.2, 0.3, 0.34, 0.34, 0.338, 0.338])) is None
     assert plateau_warning(history([0.30, 0.31, 0.30, 0.306])) is None  # noise within 2 points
     assert plateau_warning(history([0.36, 0.34, 0.33, 0.31])) is None  # falling is not "still learning"

@@ -27,13 +27,12 @@ Schema (the `seq` of a group is its acceptance order, 1-based; replaying groups 
 A store of another format version is refused with one error that says what to do (tba keeps no migrations:
 start the run over, or read it with the version that wrote it).
 
-Why snapshots and compaction: kept whole, the log grows by every sample ever generated (≈ 300 MB per hour
-of the default recipe on 2 cores) although the sampler can only ever draw what is in memory. At each
-checkpoint the buffer writes a snapshot (references, not copies), and `compact` then deletes every sample
-that no kept snapshot references and no replay after the oldest kept snapshot needs — evicted prompts,
-responses replaced by a newer copy of the same tokens, items past `capacity_per_prompt`. Resume loads the
-checkpoint's snapshot and replays the groups after it, so it stays exact; the store is bounded by the
-kept snapshots plus the groups accepted since the oldest of them.
+Why snapshots and compaction: kept whole, the log grows by every sample ever generated, without bound, although the
+sampler can only ever draw what is in memory. At each checkpoint the buffer writes a snapshot (references, not
+copies), and `compact` then deletes every sample that no kept snapshot references and no replay after the oldest
+kept snapshot needs — evicted prompts, responses replaced by a newer copy of the same tokens, items past
+`capacity_per_prompt`. Resume loads the checkpoint's snapshot and replays the groups after it, so it stays exact;
+the store is bounded by the kept snapshots plus the groups accepted since the oldest of them.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """How long is too long to wait for something that normally comes at a steady pace.
 
-A fixed limit cannot serve every run: the default recipe's searcher delivers a batch every ≈ 0.1 s, so a
-300 s heartbeat let a SIGSTOPped searcher go unnoticed for a whole 80-update run (the trainer finished on a
-frozen buffer, 0 restarts, no warning), while SmolLM2's searcher legitimately takes 20-40 s a batch. So a
-clock learns the pace of what it watches and derives its limit from it:
+A fixed limit cannot serve every run: a tiny model's searcher delivers a batch in a fraction of a second and a
+real model's on a CPU in tens of seconds, so a limit long enough for the slow one lets the fast one hang unnoticed
+for a whole run (the trainer training on a frozen buffer, with no restart and no warning), and one short enough
+for the fast one kills the slow one. So a clock learns the pace of what it watches and derives its limit from it:
 
     limit = min(cap, max(floor, factor × slowest of the last `window` intervals))
 
 Until one interval has been seen (start-up, a first batch that loads or compiles) the cap alone applies. The
 floor keeps scheduling jitter from looking like a hang; the slowest recent interval (not the mean) keeps a
 slow-but-regular phase, such as a trainer evaluation that delays reading, from tripping it. Used by the
-runtimes' heartbeat (tba.runtime.supervision) and by the loop's aging-buffer warning (tba.algorithm.loop).
+runtimes' heartbeat (tba.runtime.supervision) and by the loop's no-fresh-samples warning (tba.algorithm.monitor).
 """
 
 from __future__ import annotations

@@ -4,19 +4,16 @@ Every log-prob in TBA is of the temperature-scaled distribution softmax(logits /
 top-p filtered and renormalised) — the trainer's log π_θ, the searcher's log π_ref and the behaviour log-probs —
 as in the paper's code (§2.2), so the TB residual compares like with like.
 
-`generate` is a hand-written decode loop on the model's own forward rather than HF `generate`. On a CPU
-(SmolLM2-135M fp32, 8 prompts × 8 samples, ≤ 64 new tokens, one thread) HF `generate` made ≈ 62 tokens per
-CPU-second, this loop ≈ 120. The time was not lost around the model but inside its forward, on work that is
-not the matmuls; each item below is followed by what removing only that fix from this loop costs
-(bench/perf/sampler.py measures the whole; each figure below is from a shared 2-core machine, so read it as a size):
+`generate` is a hand-written decode loop on the model's own forward rather than HF `generate`, because on a CPU
+the time HF `generate` spends is not in the matmuls but in per-step work around them, which this loop does not
+do (bench/perf/sampler.py measures both; docs/results.md, "Sampler backends"):
 
 * grouped-query attention under a padding mask: HF's sdpa path then materialises K and V for every query head
-  (`repeat_kv`, 3× the cache, every step and layer; ≈ 12× the attention itself at 300 cached tokens)
-  → SDPA's own `enable_gqa` during one-token decode steps (`_gqa_sdpa`) — −25 %;
-* `torch.multinomial` over the vocabulary (≈ 120 ms per step at [64, 49k]) → inverse-CDF sampling: cumsum
-  of the probabilities and one uniform per row (≈ 10 ms), the same distribution — −20 %;
+  (`repeat_kv`, every step and layer) → SDPA's own `enable_gqa` during one-token decode steps (`_gqa_sdpa`);
+* `torch.multinomial` over the whole vocabulary → inverse-CDF sampling: cumsum of the probabilities and one
+  uniform per row, the same distribution;
 * `DynamicCache` growing by `torch.cat` (the whole cache copied every step) → one buffer per layer, allocated
-  for prompt + max_new_tokens, written one slot per step (`_SlotLayer`) — −12 %, growing with length;
+  for prompt + max_new_tokens, written one slot per step (`_SlotLayer`);
 * the prompt prefilled S times (`num_return_sequences`) → prefilled once, its cache repeated S times;
   `output_scores`' [N·S, V] tensor kept for every step → the sampled token's log-prob gathered on the fly;
   finished rows decoded until the last row stops → dropped from the batch once enough of them have ended.
@@ -163,7 +160,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float, greedy: bool
     """One token per row of `logits` [B, V] and its log-prob under the distribution it was drawn from.
 
     Sampling is by inverse CDF: token = first i with cumsum(p)_i > u · Σp, u ~ U[0, 1) (one uniform per row),
-    exactly a draw from p — torch.multinomial costs ~10× more at V ≈ 50k on a CPU. With top-p < 1 the kept
+    exactly a draw from p — torch.multinomial is many times slower at V ≈ 50k on a CPU. With top-p < 1 the kept
     set is HF's: tokens in descending order while the mass strictly before them is < top_p (the first always
     stays), found in a growing `topk` rather than a full sort of the vocabulary; p is renormalised over it.
     """

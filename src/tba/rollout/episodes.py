@@ -96,8 +96,8 @@ class Episode:
 class _Caller:
     """Calls the environment in one daemon worker thread, waiting at most `timeout_s` for each call. A worker
     that hangs is abandoned (a daemon: it cannot keep the process from exiting) and a fresh one takes over.
-    One long-lived worker rather than a thread per call: starting a thread costs ≈ 1 ms on a busy 2-core
-    machine, more than most environments' whole step."""
+    One long-lived worker rather than a thread per call: starting a thread can cost more than most environments'
+    whole step."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s

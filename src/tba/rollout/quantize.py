@@ -16,17 +16,17 @@ model's), so the ratio objectives see the real behaviour/trainer mismatch.
                   Float8DynamicActivationFloat8WeightConfig): GPUs of compute capability ≥ 8.9 only
 
 Why torch's quantizer for int8 on a CPU although `torch.ao.quantization` is deprecated in favour of torchao:
-measured on this project's CPU (SmolLM2-135M, bench/perf/quantized_sampler.py), torchao's int8 kernels without
-torch.compile generate about as fast as float32, while torch's fbgemm kernels generate 2–3× faster.
+without torch.compile, torchao's int8 kernels on a CPU generate no faster than float32, while torch's fbgemm
+kernels do — and speed is the only reason to sample from a quantized copy (bench/perf/quantized_sampler.py;
+docs/results.md, "Quantized searchers").
 
 Which layers: every `nn.Linear`, the LM head included (the largest matmul of a small model) — except, for the
 CPU's int8, the MLP's down projection (the linear layer whose input is the MLP's hidden activation,
 `in_features == config.intermediate_size`). Its input carries the few huge activations transformer MLPs are
-known for, and one scale for the whole activation tensor then leaves the other channels a handful of levels:
-quantized with the rest, SmolLM2-135M's samples at T = 0.7 earned a twentieth of the full-precision model's
-reward on its benchmark task; kept in float32 they earn about as much, at 2× the speed
-(bench/results/quantized_sampler/quantized_sampler.md). A LoRA policy's adapters are merged into the copy first.
-Embeddings and norms stay as they are.
+known for, and one scale for the whole activation tensor then leaves the other channels a handful of levels: the
+samples of a copy quantized there earn far less reward than the full-precision model's; with that layer kept in
+float32 they earn about as much, and the copy still generates faster (docs/results.md, "Quantized searchers"). A
+LoRA policy's adapters are merged into the copy first. Embeddings and norms stay as they are.
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ class QuantizedModel:
     """The quantized model a sampler generates with, kept in step with the full-precision `model` it is made
     from: `refresh()` after each weight load. For int8 on a CPU (no LoRA) the linear layers are re-quantized in
     place, with the observer `quantize_dynamic` uses, instead of making a fresh copy each time (every load at
-    k = 1): the cost that decides whether quantized sampling is faster at all
-    (bench/results/quantized_sampler/quantized_sampler.md, "load s")."""
+    k = 1): the cost that decides whether quantized sampling is faster at all (bench/perf/quantized_sampler.py
+    measures it as "load s")."""
 
     def __init__(self, model: torch.nn.Module, scheme: str):
         self.model, self.scheme = model, scheme

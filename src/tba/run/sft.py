@@ -113,16 +113,16 @@ def plateau_warning(history: list[dict], window: int = 4, rise: float = 0.02) ->
     """A message when the warm start's held-out accuracy was still rising over its last `window` evaluations.
 
     Why it matters: the noisy-teacher design assumes a *plateaued* start, whose remaining errors are the
-    teacher's slips that sampling sometimes avoids. Starts still mid-curve were the seeds that barely learned
-    (default recipe at 1000 SFT steps: seed 3, +9.6 points; benchmark task at 1500: two seeds of three, none
-    learned in 300 updates) — bench/results/learning/seed_robustness.md. A warning, not an error: it is a heuristic."""
+    teacher's slips that sampling sometimes avoids. From a start still mid-curve RL can barely move, so the arith
+    recipes' sft.steps are set so that every seed's warm start plateaus. A warning, not an error: it is a
+    heuristic."""
     accs = [h["test_accuracy"] for h in history[-window:]]
     if len(accs) < window or accs[-1] - accs[0] <= rise:
         return None
     steps = [h["step"] for h in history[-window:]]
     return (f"WARNING: the SFT warm start had not plateaued: held-out accuracy still rose {accs[0]:.1%} → "
             f"{accs[-1]:.1%} over SFT steps {steps[0]}–{steps[-1]}; RL from a start still mid-curve can fail to "
-            f"learn (bench/results/learning/seed_robustness.md). Raise sft.steps.")
+            "learn. Raise sft.steps.")
 
 
 def warm_start(task, sft: SFTConfig, tiny: TinyModelConfig, *, seed: int, key: str, evaluation: EvalConfig) -> Path:

@@ -1,7 +1,7 @@
 """Searcher processes fork from a server that has already imported tba (multiprocessing's forkserver).
 
 Why: a spawned searcher starts a fresh interpreter and imports torch, transformers and tba before it can load a
-model — 7–10 s on a 2-core machine, most of a local run's start-up, and again at every restart. multiprocessing's
+model — most of a local run's start-up on a small machine, and again at every restart. multiprocessing's
 forkserver imports a list of modules once, in its own process, then forks each child from itself: the child
 starts with them imported and only loads its models. `start` returns at once (the server imports in the
 background), so `tba train` calls it right after reading the config — the server imports while the trainer

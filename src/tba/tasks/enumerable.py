@@ -27,9 +27,9 @@ M = length, the strings of `length` symbols are the responses that reach M with 
 other y carries junk_reward. The defaults, 3 symbols and length 3: V = 6, |Y| = 156 (4 and 4: 1555).
 
 Why so small by default: from a never-synced behaviour π_ref, TB learns a response at a rate set by how often
-π_ref samples it. At 4 symbols × 4 (β 0.2) the top mode has π*/π_ref ≈ 160 and 400 updates left KL(π*‖π_θ)
-at 0.45–0.53 (the modes' centres underweighted 10×), while at 3 × 3 (β 0.3, ratio ≈ 40) it fell below 0.01
-by update 600 on 3 seeds — the floor then is that of SGD at lr 1e-3, not coverage (tests/tasks/test_enumerable.py).
+π_ref samples it. At 4 symbols × 4 (β 0.2) the top mode has π*/π_ref ≈ 160, and a never-synced run is still far
+from π* after hundreds of updates; at 3 × 3 (β 0.3, ratio ≈ 40) it converges within 600 updates
+(tests/tasks/test_enumerable.py) — the floor then is that of SGD at lr 1e-3, not coverage.
 
 **Exact evaluation** (`exact_metrics`, called by tba.rollout.evaluate with the run's `Scoring`):
 
@@ -90,8 +90,7 @@ class EnumerableTask:
                       for s in strings}
         # the prompt is the alphabet, not empty: with the prompt <bos> alone, a response that starts with <bos>
         # is invisible to the model (causal attention over identical tokens gives identical hidden states, RoPE
-        # or not), so p(·|<bos><bos>) = p(·|<bos>) and π* is out of the model's reach (measured, 4 symbols × 4:
-        # π_θ kept 13 % on responses that start with <bos>, π* 0.3 %)
+        # or not), so p(·|<bos><bos>) = p(·|<bos>) and π* is out of the model's reach
         self.train = [Prompt(0, self.alphabet, "", {})]
         self.test = [Prompt(0, self.alphabet, "", {})]
 

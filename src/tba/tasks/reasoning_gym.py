@@ -12,7 +12,7 @@ well as the task, and a reward that guessed at prose could be gamed.
 
 Held-out problems come from seed + 1; any question that also occurs in train is removed from train. reasoning-gym
 draws item i from Random(seed + i), so that stream is the train stream shifted by one: train keeps about
-train_size − test_size problems (kept so, because every committed result used this split).
+train_size − test_size problems (kept so: a different split would change every recipe's problems and results).
 Set `task.chat_template=true` for chat models (the recipes do). This task has no demonstrations, so it
 cannot warm-start the builtin tiny model; use a pretrained policy (`recipes/smollm2_rg_cpu.yaml`).
 """

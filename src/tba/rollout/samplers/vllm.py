@@ -52,7 +52,8 @@ TCMALLOC_GLOBS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*", "/usr/lib
 def fast_cpu_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Variables to add to a vLLM-on-CPU process's environment *before it starts* (LD_PRELOAD is read by
     the dynamic loader only then): tcmalloc and Intel OpenMP (`libiomp5.so`, installed into the
-    environment's lib/ by vLLM's `intel-openmp` dependency) preloaded, ≈ 3× the tokens/s of the defaults.
+    environment's lib/ by vLLM's `intel-openmp` dependency) preloaded: vLLM's CPU build is several times slower
+    without them (bench/perf/sampler.py runs with them: `--fast-cpu-env`).
 
     Only libraries found on this machine are named. The user's own LD_PRELOAD wins: it is kept in front,
     and no allocator or OpenMP runtime is added if it already names one (two OpenMP runtimes must not mix).
