@@ -25,9 +25,11 @@ from its own batch times, capped by `supervision.heartbeat_timeout_s`; tba.runti
 restarted the same way; a restarted one has `supervision.ready_timeout_s` to report ready before its heartbeat clock
 starts. Messages carry (rank, incarnation) so a dead child's late error is not counted twice; its groups are still
 kept. With `broadcast`, the replacement joins a new group that the trainer forms with every searcher (see
-broadcast.py). Stop → event, join, terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns
-shutdown) and exit on their own once their parent process is gone (the trainer, or the fork server, which exits with
-the trainer), so no process outlives the run.
+broadcast.py). Stop → event, then SIGTERM, SIGKILL, each with a timeout, by pid (tba.runtime.lifetime: never waiting
+on the fork server, which may have stopped answering); the fork server itself is stopped before the trainer's process
+exits (tba.runtime.forkserver.stop). Children ignore Ctrl-C (the parent owns shutdown) and exit on their own once
+their parent process is gone (the trainer, or the fork server, which exits with the trainer), so no process outlives
+the run.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from tba.algorithm.types import Group
 from tba.models import resolve_device
 from tba.plugins import load_object
 from tba.runtime import forkserver
+from tba.runtime.lifetime import Child
 from tba.runtime.specs import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
@@ -128,7 +131,7 @@ class LocalRuntime(WorkerRuntime):
         if self.transport_kind == "broadcast" and device.type == "cuda":
             _check_distinct_gpus(self.specs, device)
         self.transport = None
-        self._procs: list = []
+        self._procs: list[Child] = []
         self._incarnation = [0] * self.n
         self._owed = [0] * self.n  # sync mode: batches each rank has been asked for and not yet delivered
 
@@ -187,15 +190,12 @@ class LocalRuntime(WorkerRuntime):
                           self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
         p.start()
-        return p
+        return Child(p)
 
     def _restart(self, rank: int, why: str) -> None:
         """Replace a failed searcher (same shard, from its last reported cursor), or stop the run past the limit."""
         self.supervisor.charge(rank, why)
-        old = self._procs[rank]
-        if old.is_alive():
-            old.kill()
-        old.join(timeout=5)
+        self._procs[rank].end(((signal.SIGKILL, 5.0),))  # failed or hung: nothing to wind down
         self._incarnation[rank] += 1
         self.transport.rejoin(rank)
         self._procs[rank] = self._spawn(rank)
@@ -210,8 +210,10 @@ class LocalRuntime(WorkerRuntime):
         Call with the queue drained: a delivery waiting in it resets the heartbeat only once it is read."""
         self.transport.check()
         for rank, p in enumerate(self._procs):
-            if not p.is_alive():
-                self._restart(rank, f"died (exit code {p.exitcode}); its own output (stderr, above) has the cause")
+            if p.exited():
+                code = p.reported_exitcode()
+                code = "unknown: its fork server did not report it" if code is None else code
+                self._restart(rank, f"died (exit code {code}); its own output (stderr, above) has the cause")
             elif why := self.supervisor.silent(rank):
                 self._restart(rank, why)
 
@@ -292,19 +294,13 @@ class LocalRuntime(WorkerRuntime):
     def _stop_searchers(self) -> None:
         self.stop_event.set()
         deadline = time.monotonic() + 10
-        while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
+        while not all(p.exited() for p in self._procs) and time.monotonic() < deadline:
             try:  # keep the queue drained so no child blocks on a full pipe
                 self.queue.get(timeout=0.1)
             except queue_lib.Empty:
                 pass
         for p in self._procs:
-            p.join(timeout=1)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=3)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=3)
+            p.end()
         self._procs = []
         self.queue.close()
         self.queue.cancel_join_thread()
