@@ -1,6 +1,6 @@
 """No process of a local run outlives it: a fork server that stops answering does not keep a finished run's
-process from exiting (nor survive it). Each run is a `python -m tba train` subprocess, so that its exit is
-observed."""
+process from exiting (nor survive it), and a searcher ends soon after its trainer is killed — even while it is
+still starting, blocked in a C call. Each run is a `python -m tba train` subprocess, so that its exit is observed."""
 
 import os
 import signal
@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import TESTS
 from paths import TINY as TINY_RECIPE
 from procs import alive, children, descendants, is_fork_server, searchers_of, stat
+
+STALLING = f"{TESTS / 'integration' / 'stalling_sampler.py'}:build"
 
 
 def tba_train(tmp_path: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
@@ -86,5 +89,33 @@ def test_a_stopped_fork_server_neither_hangs_the_run_nor_outlives_it(tmp_path):
         left, _ = gone_within(seen, 10)  # multiprocessing's resource tracker ends once its pipe closes
         assert not left, f"left running after the run exited: {left}"
         print(f"exited {time.monotonic() - t_stop:.1f}s after the SIGSTOP")
+    finally:
+        cleanup(proc, seen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start_method", ["auto", "spawn"])
+def test_searchers_blocked_in_start_up_end_soon_after_their_trainer_is_killed(tmp_path, start_method):
+    """kill -9 the trainer while both searchers are still starting, each blocked in a TCPStore connect (a C call
+    torch retries for 20 minutes here): every searcher, and the fork server, must be gone within 15 s — below
+    supervision.heartbeat_timeout_s=10 plus margin. Before: they lived until torch's connect gave up."""
+    stall = tmp_path / "stall"
+    stall.mkdir()
+    proc = tba_train(tmp_path, "mode=async", "search.num_searchers=2", f"search.backend={STALLING}",
+                     "supervision.heartbeat_timeout_s=10", f"supervision.start_method={start_method}",
+                     env={"TBA_TEST_STALL_DIR": str(stall)})
+    seen: list[int] = []
+    try:
+        blocked = wait_for("two searchers blocked in start-up", lambda: len(list(stall.iterdir())) == 2, proc, 180,
+                           tmp_path)
+        assert blocked
+        searchers = searchers_of(proc.pid)
+        assert sorted(searchers) == sorted(int(p.name) for p in stall.iterdir()), searchers
+        seen = descendants(proc.pid)  # the searchers, the fork server (auto), the resource tracker
+        proc.kill()
+        proc.wait(timeout=30)
+        left, waited = gone_within(seen, 15)
+        assert not left, f"{left} outlived their killed trainer by more than 15s"
+        print(f"every process of the run gone {waited:.1f}s after the trainer's kill -9")
     finally:
         cleanup(proc, seen)

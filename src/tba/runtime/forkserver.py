@@ -15,7 +15,7 @@ travels with each child (`environment`, taken by `settle` before the searcher is
 process (LD_PRELOAD on CPU, its own workers), so it is spawned (`method`). The server is this process's child: it
 exits when this process does (`settle`; a killed trainer), and this process stops it before exiting (`stop`,
 registered at exit by `start`), so that a finished run leaves no server behind, not even one that stopped
-answering. The searchers it forked notice their parent is gone (tba.runtime.local).
+answering. The searchers it forked watch the trainer itself (tba.runtime.lifetime).
 
 This module imports nothing heavy: the CLI calls it before torch is imported.
 """

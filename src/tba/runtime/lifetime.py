@@ -1,6 +1,14 @@
-"""A searcher process lives no longer than the run that started it.
+"""A searcher process lives no longer than its trainer, and no longer than the run that started it.
 
-The trainer (`Child`) ends its searcher processes itself, each wait with a timeout, watching them
+Searcher side (`Lifeline`): the searcher watches the trainer process itself, by a pidfd (Linux ≥ 5.3) that turns
+readable the moment the trainer exits, from a daemon thread started before anything else in the process, which
+`os._exit`s it. Why a thread: the main thread may be blocked for minutes in a C call while the searcher starts —
+torch's TCPStore connect to a dead trainer retries for twice `supervision.ready_timeout_s` — and checks between
+batches never run there. Why the trainer's pid and not only the parent's: a searcher forked by the fork server has
+the server as its parent, which exits with the trainer only once it notices, and never if it is stopped. Where
+pidfds are missing, the parent-pid check (the trainer, or the server that exits with it) is what remains.
+
+Trainer side (`Child`): the trainer ends its searcher processes itself, each wait with a timeout, watching them
 by pid rather than through multiprocessing. Why: multiprocessing learns a forked child's exit only from the fork
 server; a server that stops answering (SIGSTOP, a hang) leaves `Process.is_alive` true and `Process.join` waiting
 for ever — and multiprocessing's exit handler joins every child it still counts as running, so the trainer's
@@ -15,7 +23,11 @@ import multiprocessing.process
 import os
 import select
 import signal
+import threading
 import time
+
+POLL_S = 0.2
+"""How often the searcher's watchdog looks at its trainer: the bound on how long a searcher outlives it."""
 
 
 def _pidfd(pid: int) -> int | None:
@@ -26,7 +38,7 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except ProcessLookupError:
         return -1
-    except OSError:  # ENOSYS (kernel < 5.3), EPERM in some sandboxes: multiprocessing's view remains
+    except OSError:  # ENOSYS (kernel < 5.3), EPERM in some sandboxes: the parent-pid check remains
         return None
 
 
@@ -35,6 +47,28 @@ def _exited(pidfd: int | None) -> bool:
     if pidfd is None:
         return False
     return pidfd < 0 or bool(select.select([pidfd], [], [], 0)[0])
+
+
+class Lifeline:
+    """A searcher's view of its trainer, made first thing in the searcher process."""
+
+    def __init__(self, trainer_pid: int):
+        self.parent = os.getppid()  # the trainer (spawn) or the fork server (which exits with it)
+        self.trainer = _pidfd(trainer_pid)
+
+    def gone(self) -> bool:
+        return os.getppid() != self.parent or _exited(self.trainer)
+
+    def watch(self, poll_s: float = POLL_S) -> None:
+        """End this process (exit code 0: nobody is left to read it) within `poll_s` of the trainer's exit, whatever
+        the main thread is doing. Writes nothing: the trainer's stderr may be a pipe nobody reads any more."""
+
+        def run():
+            while not self.gone():
+                time.sleep(poll_s)
+            os._exit(0)
+
+        threading.Thread(target=run, name="tba-trainer-watch", daemon=True).start()
 
 
 class Child:

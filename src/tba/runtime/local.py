@@ -27,9 +27,9 @@ starts. Messages carry (rank, incarnation) so a dead child's late error is not c
 kept. With `broadcast`, the replacement joins a new group that the trainer forms with every searcher (see
 broadcast.py). Stop → event, then SIGTERM, SIGKILL, each with a timeout, by pid (tba.runtime.lifetime: never waiting
 on the fork server, which may have stopped answering); the fork server itself is stopped before the trainer's process
-exits (tba.runtime.forkserver.stop). Children ignore Ctrl-C (the parent owns shutdown) and exit on their own once
-their parent process is gone (the trainer, or the fork server, which exits with the trainer), so no process outlives
-the run.
+exits (tba.runtime.forkserver.stop). Children ignore Ctrl-C (the parent owns shutdown) and end within a fraction of a
+second once the trainer is gone, whatever they are doing (tba.runtime.lifetime.Lifeline), so no process outlives the
+run.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from tba.algorithm.types import Group
 from tba.models import resolve_device
 from tba.plugins import load_object
 from tba.runtime import forkserver
-from tba.runtime.lifetime import Child
+from tba.runtime.lifetime import Child, Lifeline
 from tba.runtime.specs import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
@@ -76,13 +76,16 @@ class WorkerArgs:
     """Set by `start`: a searcher launched early waits, ready, until the trainer's first evaluation is over."""
     env: dict[str, str]
     """The trainer's environment variables now (a forked child would otherwise have the server's)."""
+    trainer_pid: int
+    """The process the searcher must not outlive (a forked one's parent is the fork server)."""
 
 
 def _searcher_main(a: WorkerArgs):
+    trainer = Lifeline(a.trainer_pid)
+    trainer.watch()  # first: from here on this process ends with the trainer, even blocked in a C call at start-up
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     forkserver.settle(a.env)
     rank, out_q, stop, request = a.spec.rank, a.out_q, a.stop, a.request
-    parent_pid = os.getppid()  # the trainer (spawn) or the fork server: either is gone once the trainer is
     tag = (rank, a.incarnation)
     receiver = None
     try:
@@ -92,12 +95,12 @@ def _searcher_main(a: WorkerArgs):
             receiver.load_initial(searcher)
         out_q.put(("ready", tag, None))
         while not a.go.wait(0.2):  # launched before the trainer's first evaluation: generate from `start` on
-            if stop.is_set() or os.getppid() != parent_pid:
+            if stop.is_set() or trainer.gone():
                 out_q.cancel_join_thread()
                 return
         worker = Worker(searcher, rank, a.spec.synced, receiver)
         while not stop.is_set():
-            if os.getppid() != parent_pid:
+            if trainer.gone():
                 # orphaned: the trainer is gone. Batches already handed to the queue's feeder thread can never
                 # be read; without this, exit would wait on that thread (blocked on a full pipe) forever.
                 out_q.cancel_join_thread()
@@ -105,7 +108,7 @@ def _searcher_main(a: WorkerArgs):
             if request is not None and not request.acquire(timeout=0.2):
                 continue  # sync mode: wait to be asked
             groups, stats = worker.step()
-            while not stop.is_set() and os.getppid() == parent_pid:  # a full queue whose trainer died: exit
+            while not stop.is_set() and not trainer.gone():  # a full queue whose trainer died: exit
                 try:
                     out_q.put(("groups", tag, (groups, stats)), timeout=0.5)
                     break
@@ -187,7 +190,8 @@ class LocalRuntime(WorkerRuntime):
 
     def _start_process(self, rank: int):
         args = WorkerArgs(self.specs[rank], self._incarnation[rank], self._states[rank], self.transport.spec(),
-                          self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment())
+                          self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment(),
+                          os.getpid())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
         p.start()
         return Child(p)
