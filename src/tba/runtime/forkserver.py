@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import signal
+import threading
 import time
 
 from tba.rollout.samplers import sampler_entry
+
+logger = logging.getLogger(__name__)
 
 PRELOAD = ("tba.runtime.local", "tba.rollout.samplers.hf")
 """What the server imports before its first fork: everything a searcher needs that is tba's own (a plugin of
@@ -92,6 +96,40 @@ def stop(timeout_s: float = STOP_S) -> bool:
                 os.unlink(address)
         server._forkserver_pid = server._forkserver_address = None
         return gone
+
+
+def start_process(process, timeout_s: float) -> None:
+    """`process.start()` for a process of the forkserver context, bounded by `timeout_s`; raises TimeoutError.
+
+    Why: the start waits, without a timeout, for the server to report the new child's pid — for ever if the server
+    is stopped or hung. Past `timeout_s` that server is killed (which ends the wait, and every child it forked that
+    had not reported yet: each watches its parent) and the start is tried once more with a fresh server. The
+    first start of a run waits for the server's imports: `timeout_s` must allow for them."""
+    for attempt in (1, 2):
+        error: list[BaseException] = []
+
+        def run(error=error):
+            try:
+                process.start()
+            except BaseException as e:
+                error.append(e)
+
+        starter = threading.Thread(target=run, name="tba-fork", daemon=True)
+        starter.start()
+        starter.join(timeout_s)
+        if not starter.is_alive():
+            if error:
+                raise error[0]
+            return
+        pid = multiprocessing.forkserver._forkserver._forkserver_pid
+        logger.warning(f"the fork server (pid {pid}) did not fork {process.name} within {timeout_s:.0f}s (stopped or "
+                       f"hung): killing it" + ("; trying once more with a new one" if attempt == 1 else ""))
+        stop(timeout_s=0)
+        starter.join(STOP_S)  # the wait for the pid ends as the server's end of the pipe closes
+        if starter.is_alive():
+            break
+        start()
+    raise TimeoutError(f"no fork server forked {process.name} within {timeout_s:.0f}s, twice")
 
 
 def _reap(pid: int, timeout_s: float) -> bool:

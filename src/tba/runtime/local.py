@@ -193,7 +193,13 @@ class LocalRuntime(WorkerRuntime):
                           self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment(),
                           os.getpid())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
-        p.start()
+        if self.start_method != "forkserver":
+            p.start()
+            return Child(p)
+        try:  # a stopped or hung server would otherwise keep the trainer waiting here for ever
+            forkserver.start_process(p, self.supervision.ready_timeout_s)
+        except TimeoutError as e:
+            raise SearcherError(f"searcher {rank} could not be started: {e}") from None
         return Child(p)
 
     def _restart(self, rank: int, why: str) -> None:
