@@ -25,9 +25,11 @@ from its own batch times, capped by `supervision.heartbeat_timeout_s`; tba.runti
 restarted the same way; a restarted one has `supervision.ready_timeout_s` to report ready before its heartbeat clock
 starts. Messages carry (rank, incarnation) so a dead child's late error is not counted twice; its groups are still
 kept. With `broadcast`, the replacement joins a new group that the trainer forms with every searcher (see
-broadcast.py). Stop → event, join, terminate, kill, each with a timeout. Children ignore Ctrl-C (the parent owns
-shutdown) and exit on their own once their parent process is gone (the trainer, or the fork server, which exits with
-the trainer), so no process outlives the run.
+broadcast.py). Stop → event, then SIGTERM, SIGKILL, each with a timeout, by pid (tba.runtime.lifetime: never waiting
+on the fork server, which may have stopped answering); the fork server itself is stopped before the trainer's process
+exits (tba.runtime.forkserver.stop). Children ignore Ctrl-C (the parent owns shutdown) and end within a fraction of a
+second once the trainer is gone, whatever they are doing (tba.runtime.lifetime.Lifeline), so no process outlives the
+run.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from tba.algorithm.types import Group
 from tba.models import resolve_device
 from tba.plugins import load_object
 from tba.runtime import forkserver
+from tba.runtime.lifetime import Child, Lifeline
 from tba.runtime.searcher_spec import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
 from tba.runtime.transport import choose_transport, make_sender
@@ -73,13 +76,16 @@ class WorkerArgs:
     """Set by `start`: a searcher launched early waits, ready, until the trainer's first evaluation is over."""
     env: dict[str, str]
     """The trainer's environment variables now (a forked child would otherwise have the server's)."""
+    trainer_pid: int
+    """The process the searcher must not outlive (a forked one's parent is the fork server)."""
 
 
 def _searcher_main(a: WorkerArgs):
+    trainer = Lifeline(a.trainer_pid)
+    trainer.watch()  # first: from here on this process ends with the trainer, even blocked in a C call at start-up
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     forkserver.settle(a.env)
     rank, out_q, stop, request = a.spec.rank, a.out_q, a.stop, a.request
-    parent_pid = os.getppid()  # the trainer (spawn) or the fork server: either is gone once the trainer is
     tag = (rank, a.incarnation)
     receiver = None
     try:
@@ -89,12 +95,12 @@ def _searcher_main(a: WorkerArgs):
             receiver.load_initial(searcher)
         out_q.put(("ready", tag, None))
         while not a.go.wait(0.2):  # launched before the trainer's first evaluation: generate from `start` on
-            if stop.is_set() or os.getppid() != parent_pid:
+            if stop.is_set() or trainer.gone():
                 out_q.cancel_join_thread()
                 return
         worker = Worker(searcher, rank, a.spec.synced, receiver)
         while not stop.is_set():
-            if os.getppid() != parent_pid:
+            if trainer.gone():
                 # orphaned: the trainer is gone. Batches already handed to the queue's feeder thread can never
                 # be read; without this, exit would wait on that thread (blocked on a full pipe) forever.
                 out_q.cancel_join_thread()
@@ -102,7 +108,7 @@ def _searcher_main(a: WorkerArgs):
             if request is not None and not request.acquire(timeout=0.2):
                 continue  # sync mode: wait to be asked
             groups, stats = worker.step()
-            while not stop.is_set() and os.getppid() == parent_pid:  # a full queue whose trainer died: exit
+            while not stop.is_set() and not trainer.gone():  # a full queue whose trainer died: exit
                 try:
                     out_q.put(("groups", tag, (groups, stats)), timeout=0.5)
                     break
@@ -128,7 +134,7 @@ class LocalRuntime(WorkerRuntime):
         if self.transport_kind == "broadcast" and device.type == "cuda":
             _check_distinct_gpus(self.specs, device)
         self.transport = None
-        self._procs: list = []
+        self._procs: list[Child] = []
         self._incarnation = [0] * self.n
         self._owed = [0] * self.n  # sync mode: batches each rank has been asked for and not yet delivered
 
@@ -184,18 +190,22 @@ class LocalRuntime(WorkerRuntime):
 
     def _start_process(self, rank: int):
         args = WorkerArgs(self.specs[rank], self._incarnation[rank], self._states[rank], self.transport.spec(),
-                          self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment())
+                          self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment(),
+                          os.getpid())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
-        p.start()
-        return p
+        if self.start_method != "forkserver":
+            p.start()
+            return Child(p)
+        try:  # a stopped or hung server would otherwise keep the trainer waiting here for ever
+            forkserver.start_process(p, self.supervision.ready_timeout_s)
+        except TimeoutError as e:
+            raise SearcherError(f"searcher {rank} could not be started: {e}") from None
+        return Child(p)
 
     def _restart(self, rank: int, why: str) -> None:
         """Replace a failed searcher (same shard, from its last reported cursor), or stop the run past the limit."""
         self.supervisor.charge(rank, why)
-        old = self._procs[rank]
-        if old.is_alive():
-            old.kill()
-        old.join(timeout=5)
+        self._procs[rank].end(((signal.SIGKILL, 5.0),))  # failed or hung: nothing to wind down
         self._incarnation[rank] += 1
         self.transport.rejoin(rank)
         self._procs[rank] = self._spawn(rank)
@@ -210,8 +220,10 @@ class LocalRuntime(WorkerRuntime):
         Call with the queue drained: a delivery waiting in it resets the heartbeat only once it is read."""
         self.transport.check()
         for rank, p in enumerate(self._procs):
-            if not p.is_alive():
-                self._restart(rank, f"died (exit code {p.exitcode}); its own output (stderr, above) has the cause")
+            if p.exited():
+                code = p.reported_exitcode()
+                code = "unknown: its fork server did not report it" if code is None else code
+                self._restart(rank, f"died (exit code {code}); its own output (stderr, above) has the cause")
             elif why := self.supervisor.silent(rank):
                 self._restart(rank, why)
 
@@ -292,19 +304,13 @@ class LocalRuntime(WorkerRuntime):
     def _stop_searchers(self) -> None:
         self.stop_event.set()
         deadline = time.monotonic() + 10
-        while any(p.is_alive() for p in self._procs) and time.monotonic() < deadline:
+        while not all(p.exited() for p in self._procs) and time.monotonic() < deadline:
             try:  # keep the queue drained so no child blocks on a full pipe
                 self.queue.get(timeout=0.1)
             except queue_lib.Empty:
                 pass
         for p in self._procs:
-            p.join(timeout=1)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=3)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=3)
+            p.end()
         self._procs = []
         self.queue.close()
         self.queue.cancel_join_thread()
