@@ -1,10 +1,19 @@
 """Runtimes host the searchers and move data; the training loop (tba.algorithm.loop) is the same for all of them.
 
+    inline.py         one process: search and training alternate (and `offline`: no searchers)
+    local.py          searcher processes on this machine (torch.multiprocessing)
+    ray.py            searcher actors on a Ray cluster
+    worker.py         what every runtime shares: RuntimeParts, building a searcher, one worker step, the report
+    searcher_spec.py  what a searcher is built from, picklable (never the run's config)
+    supervision.py    heartbeats and the restart budget of searchers that live elsewhere
+    forkserver.py     local searchers fork from a server that imported tba once
+    lifetime.py       no process outlives its run: searchers watch their trainer, the trainer ends its children
+    transport/        how published weights travel: shared memory / CUDA IPC, broadcast, Ray's object store
+
 This file is the registry (light: config validation reads it without importing torch): `RUNTIMES` maps
 `runtime` to the `tba.plugins` target of its factory, `TRANSPORTS` lists `search.weight_transport`'s choices.
-tba.runtime.worker defines the seam (`Runtime`) and what a runtime is built from (`RuntimeParts`);
-tba.runtime.supervision is what the worker runtimes share. Adding a runtime: one module with a class that
-meets `Runtime` and a `build(parts: RuntimeParts)` function, plus one line here (docs/architecture.md).
+The protocol a runtime meets is tba.algorithm.runtime.Runtime. Adding a runtime: one module with a class that
+meets it and a `build(parts: RuntimeParts)` function, plus one line here (docs/architecture.md).
 """
 
 from __future__ import annotations
