@@ -60,3 +60,18 @@ def kill_searcher_after(out: Path, runtime: str, step: int, killed: list) -> Non
             killed.append(pids[0])
             return
         time.sleep(0.05)
+
+
+def train_in_a_fresh_process(args: list[str], timeout_s: float = 1200) -> dict:
+    """`python -m tba train ARGS` in a new interpreter, its summary.json. For a test whose numbers must not depend
+    on what earlier tests left in this process: an in-process vLLM engine changes the CPU kernels' state, and a
+    learning curve that sampling makes chaotic then takes another (equally valid) path."""
+    import json
+    import subprocess
+    import sys
+
+    out = next(a.split("=", 1)[1] for a in args if a.startswith("output_dir="))
+    proc = subprocess.run([sys.executable, "-m", "tba", "train", *args], capture_output=True, text=True,
+                          timeout=timeout_s)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((Path(out) / "summary.json").read_text())

@@ -32,7 +32,7 @@ def test_gsm8k_recipe_has_the_papers_settings():
     cfg = load_config(RECIPES / "gsm8k-rho1b.yaml")
     s, t, b, tb = cfg.search, cfg.trainer, cfg.buffer, cfg.tb
     assert cfg.model.policy == "realtreetune/rho-1b-sft-GSM8K" and cfg.model.dtype == "bfloat16"
-    assert (s.temperature, s.samples_per_prompt, s.num_searchers, s.max_new_tokens) == (0.7, 24, 3, 512)
+    assert (s.temperature, s.generations_per_prompt, s.num_searchers, s.max_new_tokens) == (0.7, 24, 3, 512)
     assert (t.prompts_per_step, t.samples_per_prompt, t.steps, t.lr, t.sync_every_steps) == (7, 20, 1000, 1e-5, 2)
     assert (t.lr_schedule, t.warmup_steps, t.stable_steps, t.decay_steps) == ("wsd", 50, 450, 500)
     assert (tb.beta_init, tb.beta_final, tb.beta_decay_end_step) == (0.012, 0.004, 500)
@@ -74,7 +74,7 @@ def test_tldr_recipe_has_the_papers_settings():
     assert o["reward_model"] == "mnoukhov/pythia410m-rm-tldr6.9b" and o["non_eos_penalty"] == -1.0
     assert o["gold_reward_model"] == "cleanrl/EleutherAI_pythia-6.9b-deduped__reward__tldr"
     assert o["gold_tokenizer"] == "EleutherAI/pythia-6.9b-deduped" and o["test_split"] == "validation"
-    assert (s.temperature, s.samples_per_prompt, s.num_searchers, s.max_new_tokens) == (0.7, 20, 3, 128)
+    assert (s.temperature, s.generations_per_prompt, s.num_searchers, s.max_new_tokens) == (0.7, 20, 3, 128)
     assert (t.prompts_per_step, t.samples_per_prompt, t.steps, t.lr, t.lr_schedule) == (8, 20, 256, 3e-6, "linear")
     assert (t.sync_every_steps, t.warmup_steps, t.max_grad_norm) == (10, 0, None)
     assert (tb.beta_init, tb.beta_final, tb.beta_decay_end_step, tb.beta_hard_stop_step) == (1.0, 0.05, 128, 32)

@@ -4,11 +4,10 @@ TB learning to use the feedback from the untrained builtin model."""
 from types import SimpleNamespace
 
 import pytest
+from runs import train_in_a_fresh_process
 
-from tba.config import load_config
 from tba.errors import ConfigError
 from tba.models.builtin import train_tokenizer
-from tba.run.train import train
 from tba.tasks.guess_number import GuessEnv, GuessNumberTask
 
 
@@ -50,9 +49,8 @@ def test_tb_learns_to_use_the_feedback(tmp_path):
     """From the untrained model (greedy: one fixed guess, solved by turn 3 ≈ 1/8) to a policy whose later guesses
     follow the feedback: solved by turn 2 above the 2/8 that ignoring the feedback allows at most (measured here
     at update 300: 0.328–0.374 on seeds 0–2, bench/results/multiturn/guess_number.md)."""
-    cfg = load_config("guess_number_cpu", [f"output_dir={tmp_path}", "trainer.steps=300", "eval.every_steps=300",
-                                           "logging.progress=false", "logging.tensorboard=false", "threads=1",
-                                           "buffer.persist=false"])
-    s = train(cfg, overwrite=True)
+    s = train_in_a_fresh_process(["guess_number_cpu", f"output_dir={tmp_path / 'run'}", "trainer.steps=300",
+                                  "eval.every_steps=300", "logging.progress=false", "logging.tensorboard=false",
+                                  "threads=1", "buffer.persist=false"])
     assert s["eval_start"]["solved_by_turn_3"] < 0.2
     assert s["eval_end"]["solved_by_turn_2"] > 2 / 8

@@ -50,11 +50,12 @@ def build_task(spec: TaskSpec, tokenizer=None) -> TaskAdapter:
     return task
 
 
-def apply_chat_template(task: TaskAdapter, tokenizer, every_prompt: bool = True) -> None:
+def apply_chat_template(task, tokenizer, every_prompt: bool = True) -> None:
     """Rewrite prompts as `tokenizer`'s chat rendering, ready for the assistant reply: prompts given as chat
     messages (`meta["messages"]`, e.g. the dataset task's conversational rows) always, and with `every_prompt`
     (task.chat_template) every other prompt too, as one user turn. A task with `use_tokenizer` gets this
     tokenizer (a multi-turn task renders its environment's turns with it: tba.tasks.tools.chat_turn)."""
+    task = TaskAdapter.of(task)  # its train/test lists are the task's own: rewritten in place
     task.use_tokenizer(tokenizer)
     chat = any("messages" in p.meta for p in task.train + task.test)
     if not every_prompt and not chat:
