@@ -24,6 +24,7 @@ from tba.config.rules import (
     setting,
     sync_period,
 )
+from tba.config.fsdp import FSDPConfig
 from tba.config.search import (  # noqa: F401  (the searchers' sections, part of this schema)
     QUANTIZE,
     RayConfig,
@@ -263,10 +264,22 @@ class TrainerConfig:
     max_replay_ratio: float | None = setting(None, positive_or_none)
     """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
     would pass it waits for fresh samples first. None = never wait (the paper's loop)."""
+    world_size: int = setting(1, positive)
+    """Trainer ranks. 1 = one process, no torch.distributed. N > 1 = N processes (gloo on CPU, NCCL on GPUs)
+    sharding the policy, its gradients and Adam's moments with FSDP2 (`trainer.fsdp`); B must divide by N."""
+    fsdp: FSDPConfig = setting(factory=FSDPConfig)
+    """world_size > 1: devices, mixed precision, resharding, activation checkpointing, publication buckets."""
 
     def check(self) -> None:
         if self.lr_schedule == "wsd" and self.warmup_steps + (self.stable_steps or 0) > self.steps:
             raise ConfigError("trainer.stable_steps: warmup + stable must not exceed trainer.steps")
+        if self.prompts_per_step % self.world_size:
+            raise ConfigError(f"trainer.world_size: B = trainer.prompts_per_step = {self.prompts_per_step} must divide "
+                              f"by the {self.world_size} ranks (each trains on an equal share of every batch)")
+        if self.world_size > 1 and self.fsdp.devices and "," in self.fsdp.devices and \
+                len(self.fsdp.devices.split(",")) != self.world_size:
+            raise ConfigError(f"trainer.fsdp.devices: {len(self.fsdp.devices.split(','))} devices for "
+                              f"trainer.world_size={self.world_size} ranks (one each, or one device type for all)")
 
 
 @dataclass
