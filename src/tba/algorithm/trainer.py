@@ -43,8 +43,9 @@ class OwnReference(Protocol):
                  pad_id: int) -> torch.Tensor:
         """[N, R] per-token log π_ref of the responses (logits ÷ T), padding 0."""
 
-    def updated(self, policy: torch.nn.Module, version: int) -> None:
-        """Called after every applied update, with the policy and its new version."""
+    def updated(self, policy_state: Callable[[], dict[str, torch.Tensor]], version: int) -> None:
+        """Called after every applied update, with the policy's new version and a way to read its whole state
+        dict (a sharded trainer's is gathered from its ranks: every rank calls this at the same update)."""
 
 
 def lr_factor(step: int, cfg: TrainerConfig) -> float:
@@ -105,6 +106,9 @@ class Trainer:
         self.version = 0
         self.skipped_steps = 0
 
+    sharded = False
+    """Whether the policy is split over several ranks (tba.runtime.ranks.ShardedTrainer)."""
+
     def age_factor(self, draws: list[Draw]) -> float:
         """min(1, a₀/a), a = the median age of the update's samples in policy versions (trainer.stale_lr_age).
         The median, not the mean: the few slots drawn from the whole history (1 − m) are hundreds of versions
@@ -135,9 +139,10 @@ class Trainer:
             g["lr"] = lr
         self.model.eval()
         tally = _Tally(samples=sum(len(d.samples) for d in draws))
-        mb = self.cfg.micro_batch_prompts
-        for start in range(0, len(draws), mb):
-            self._accumulate(draws[start:start + mb], beta, tally)
+        mb, share = self.cfg.micro_batch_prompts, self.share(draws)
+        for start in range(0, len(share), mb):
+            self._accumulate(share[start:start + mb], beta, tally)
+        tally = self.merged(tally)
         grad_norm, finite = self._apply_gradients(tally.loss)
         elapsed = time.perf_counter() - t0
         return {"trainer/loss": tally.loss, "trainer/grad_norm": grad_norm, "trainer/lr": lr, "trainer/beta": beta,
@@ -169,16 +174,43 @@ class Trainer:
         logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
         ref = (ref_tok * mask).sum(-1)  # [N]
         tally.add_tb_residuals(logp, ref, reward.to(logp.dtype), group, beta)
-        loss.backward()
+        self.backward(loss)
         tally.loss += loss.item()
         tally.tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
         tally.logp += logp.sum().item()
         tally.log_ratio += (logp.detach() - ref).sum().item()
 
+    # ---- what a trainer of several ranks (tba.runtime.ranks.ShardedTrainer) does otherwise ----------------------
+    def share(self, draws: list[Draw]) -> list[Draw]:
+        """The prompt groups this process trains on: all of them (a rank of a sharded trainer: its share)."""
+        return draws
+
+    def merged(self, tally: _Tally) -> _Tally:
+        """The update's sums over every process (here: this one's)."""
+        return tally
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The policy's whole state dict."""
+        return self.model.state_dict()
+
+    def sync_copy(self) -> None:
+        """Bring the whole policy that evaluation and checkpoints read up to date: here it is the trained model
+        itself; a sharded trainer gathers it from its ranks."""
+
+    def close(self) -> None:
+        """Release what the trainer started (a sharded trainer: its other ranks)."""
+
+    def grad_norm(self) -> float:
+        """The L2 norm of the whole gradient."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
     def _apply_gradients(self, loss: float) -> tuple[float, bool]:
         """Clip (if asked) and step, or skip the update when the loss or gradient is not finite; (norm, applied)."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+        grad_norm = self.grad_norm()
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if finite:
             if self.cfg.max_grad_norm is not None:
@@ -186,7 +218,7 @@ class Trainer:
             self.optimizer.step()
             self.version += 1
             if self.reference is not None:
-                self.reference.updated(self.model, self.version)
+                self.reference.updated(self.full_state, self.version)
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tba.algorithm.objectives import OBJECTIVES
+from tba.config.fsdp import FSDPConfig
 from tba.config.rules import (
     devices,
     fraction,
@@ -24,7 +25,6 @@ from tba.config.rules import (
     setting,
     sync_period,
 )
-from tba.config.fsdp import FSDPConfig
 from tba.config.search import (  # noqa: F401  (the searchers' sections, part of this schema)
     QUANTIZE,
     RayConfig,
@@ -378,6 +378,9 @@ class RunConfig:
         if self.runtime == "inline" and self.mode == "async":
             raise ConfigError("mode: the inline runtime alternates search and training; use mode=sync, or "
                               "runtime=local for asynchrony")
+        if self.trainer.world_size > 1 and self.runtime == "inline":
+            raise ConfigError("trainer.world_size: the inline runtime's searcher samples the trainer's own policy in "
+                              "its process; a sharded trainer needs runtime=local, ray or offline")
         transport = self.search.weight_transport
         if transport == "object_store" and self.runtime != "ray":
             raise ConfigError(f"search.weight_transport: object_store is Ray's; use auto, shared or broadcast with "

@@ -51,7 +51,7 @@ from tba.run import rundir
 from tba.run.checkpoint import CheckpointError, restore_trainer
 from tba.run.sft import cache_key
 from tba.run.sft import warm_start as sft_warm_start
-from tba.runtime import RUNTIMES
+from tba.runtime import RUNTIMES, ranks
 from tba.runtime.searcher_spec import ModelSources, SearcherSpec
 from tba.runtime.worker import InlineParts, RuntimeParts
 from tba.tasks import TASKS
@@ -220,15 +220,49 @@ def add_data(cfg: RunConfig, buffer: ReplayBuffer, *, task: Task, prompt_ids: di
     return {**dataclasses.asdict(report), "target_weight_warning": warning}
 
 
-def build_trainer(cfg: RunConfig, policy, reference, tokenizer) -> Trainer:
-    """The trainer of the run's objective, bound once to its settings; an objective that keeps its own π_ref
-    (TBA′) gets a copy of the reference, reset every baselines.reference_reset_steps updates."""
+def trainer_args(cfg: RunConfig, reference, pad_id: int) -> dict:
+    """The Trainer's arguments besides its model: the run's objective bound once to its settings, β's schedule; an
+    objective that keeps its own π_ref (TBA′) gets a copy of `reference`, reset every baselines.reference_reset_steps
+    updates."""
     objective = OBJECTIVES[cfg.objective]
     own = (ResettingReference(copy.deepcopy(reference), cfg.baselines.reference_reset_steps)
            if objective.owns_reference else None)
-    return Trainer(policy, objective.bind(cfg.tb, cfg.baselines, max_tokens=cfg.search.max_new_tokens), cfg.trainer,
-                   beta=beta_schedule(cfg.tb), temperature=cfg.search.temperature, pad_id=tokenizer.pad_token_id,
-                   reference=own, aging=aging_sources(cfg))
+    return dict(loss=objective.bind(cfg.tb, cfg.baselines, max_tokens=cfg.search.max_new_tokens), cfg=cfg.trainer,
+                beta=beta_schedule(cfg.tb), temperature=cfg.search.temperature, pad_id=pad_id, reference=own,
+                aging=aging_sources(cfg))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankBuild:
+    """How trainer ranks 1..N−1 build their part in their own process (picklable): the policy's architecture
+    from the start `source` (rank 0's weights are broadcast over it) and the trainer's arguments from the config."""
+
+    cfg: RunConfig
+    source: str
+    pad_id: int
+
+    def __call__(self, device) -> tuple:
+        m = self.cfg.model
+        policy = load_model(self.source, m.dtype)
+        reference = None
+        if OBJECTIVES[self.cfg.objective].owns_reference:
+            reference = copy.deepcopy(policy).to(device).eval().requires_grad_(False)  # rank 0's is broadcast
+        if m.lora.enabled:
+            policy = apply_lora(policy, m.lora)
+        return policy, trainer_args(self.cfg, reference, self.pad_id)
+
+
+def build_trainer(cfg: RunConfig, policy, reference, tokenizer, source: str | None = None) -> Trainer:
+    """The run's trainer: one process (trainer.world_size = 1), or rank 0 of N started now (tba.runtime.ranks),
+    which needs the start policy's `source` for the other ranks to build the same model."""
+    args = trainer_args(cfg, reference, tokenizer.pad_token_id)
+    t = cfg.trainer
+    if t.world_size == 1:
+        return Trainer(policy, **args)
+    threads = cfg.threads or default_threads(sum(g.num_searchers for g in searcher_groups(cfg)), cfg.runtime)[0]
+    parts = ranks.RankParts(RankBuild(cfg, source, tokenizer.pad_token_id), t.fsdp, cfg.model.dtype, threads)
+    return ranks.start(parts, world=t.world_size, devices=ranks.rank_devices(t.fsdp, t.world_size, cfg.model.device),
+                       whole=policy, trainer_args=args)
 
 
 def scoring(cfg: RunConfig) -> Scoring:
@@ -332,6 +366,22 @@ def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
     return share, share
 
 
+@dataclasses.dataclass
+class CurrentPolicy:
+    """An evaluator that first brings the whole policy it reads up to date with the trainer (a sharded trainer's
+    ranks hold only shards of it: tba.runtime.ranks)."""
+
+    evaluator: Evaluator
+    trainer: Trainer
+
+    def __call__(self) -> dict[str, float]:
+        self.trainer.sync_copy()
+        return self.evaluator()
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        return self.evaluator.describe(metrics)
+
+
 # ---- a run ---------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Run:
@@ -346,7 +396,7 @@ class Run:
     trainer: Trainer
     buffer: ReplayBuffer
     runtime: Runtime
-    evaluator: Evaluator
+    evaluator: CurrentPolicy
     fitted: dict[str, int]
     """prompts_too_long / prompts_truncated (tba.tasks.prepare.fit_prompts), for the summary."""
     identity: dict
@@ -377,7 +427,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
     logger.info(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
         f"policy {num_parameters(policy) / 1e6:.2f}M params{lora} on {device}; "
         f"runtime {cfg.runtime}, mode {cfg.mode}")
-    trainer = build_trainer(cfg, policy, reference, tokenizer)
+    trainer = build_trainer(cfg, policy, reference, tokenizer, state.policy_source)
     if resume_from is not None:
         restore_trainer(trainer, resume_from, checkpoint)
     buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), set_aside_buffer)
@@ -387,7 +437,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
     behaviour, version = behaviour_policy(cfg, policy, trainer.version, state, resumed=resume_from is not None)
     runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
                             sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"))
-    evaluator = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
-                          limits=Limits.of(cfg.search, cfg.eval.max_new_tokens))
+    evaluator = CurrentPolicy(Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
+                                        limits=Limits.of(cfg.search, cfg.eval.max_new_tokens)), trainer)
     identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
     return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, evaluator, fitted, identity, data)

@@ -4,7 +4,9 @@ Layout under `RUN_DIR/checkpoints/`:
 
     step_0000050/model/            policy + tokenizer, save_pretrained (safetensors)
     step_0000050/reference/        TBA′ only: the trainer's (periodically reset) reference
-    step_0000050/tensors.safetensors   optimizer moments and step counters
+    step_0000050/tensors.safetensors   optimizer moments and step counters (one trainer process), or
+    step_0000050/optimizer/        the same, sharded: each rank's part (torch.distributed.checkpoint, trainer.world_size
+                                   > 1; resharded when a run resumes at another world size, one process included)
     step_0000050/state.json        step, version, optimizer hyperparameters, Python/NumPy/torch RNG states
                                    (+ the CUDA generators' where CUDA is in use),
                                    replay-buffer sampling state, searcher prompt cursors (+ their RNG),
@@ -51,6 +53,7 @@ STATE = "state.json"
 FORMAT_VERSION = 1
 """The checkpoint layout's version, written into every state.json; bump it whenever what a checkpoint holds changes."""
 TENSORS = "tensors.safetensors"
+SHARDED = "optimizer"
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -65,8 +68,8 @@ def _optimizer_tensors(optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
     return tensors, groups
 
 
-def load_optimizer(path: Path, optimizer, groups: list[dict]) -> None:
-    """Optimizer moments from `path`'s safetensors; `groups` are the hyperparameters from its state.json."""
+def _optimizer_state(path: Path, groups: list[dict]) -> dict:
+    """torch's optimizer state dict from `path`'s safetensors; `groups` are the hyperparameters from its state.json."""
     try:
         tensors = load_file(str(path / TENSORS))
     except (OSError, ValueError) as e:
@@ -76,13 +79,28 @@ def load_optimizer(path: Path, optimizer, groups: list[dict]) -> None:
         if key.startswith("optim."):
             _, i, name = key.split(".", 2)
             state.setdefault(int(i), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
+
+
+def load_optimizer(path: Path, optimizer, groups: list[dict]) -> None:
+    """Optimizer moments from `path`'s safetensors; `groups` are the hyperparameters from its state.json."""
+    optimizer.load_state_dict(_optimizer_state(path, groups))
 
 
 def restore_trainer(trainer, path: Path, state: dict) -> None:
     """Continue `trainer` from checkpoint `path`: optimizer moments, counters, and the π_ref an objective keeps
     itself (TBA′). The policy weights were loaded with the model; LR and β are functions of the step."""
-    load_optimizer(path, trainer.optimizer, state["optimizer_param_groups"])
+    if (path / SHARDED).is_dir():
+        if trainer.sharded:
+            trainer.load_optimizer(path / SHARDED)
+        else:
+            from tba.runtime.fsdp import load_optimizer as load_sharded
+
+            load_sharded(trainer.model, trainer.optimizer, path / SHARDED)
+    elif trainer.sharded:
+        trainer.load_optimizer(None, _optimizer_state(path, state["optimizer_param_groups"]))
+    else:
+        load_optimizer(path, trainer.optimizer, state["optimizer_param_groups"])
     trainer.version, trainer.skipped_steps = state["version"], state["skipped_steps"]
     if trainer.reference is not None and (path / "reference").is_dir():
         from tba.models import load_model
@@ -103,8 +121,9 @@ def _fsync_tree(path: Path) -> None:
 
 
 def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict, reference=None,
-         keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically and prune to the newest `keep`. Raises CheckpointError."""
+         keep: int = 2, sharded=None) -> Path:
+    """Write checkpoint `step` atomically and prune to the newest `keep`. `sharded`: a sharded trainer, whose ranks
+    each write their part of the optimizer state (into the same temporary directory). Raises CheckpointError."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f"step_{step:07d}.tmp"
     try:
@@ -115,8 +134,12 @@ def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict,
         tokenizer.save_pretrained(tmp / "model")
         if reference is not None:
             reference.save_pretrained(tmp / "reference", safe_serialization=True)
-        tensors, groups = _optimizer_tensors(optimizer)
-        save_file(tensors, str(tmp / TENSORS))
+        if sharded is not None:
+            sharded.save_optimizer(tmp / SHARDED)
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.state_dict()["param_groups"]]
+        else:
+            tensors, groups = _optimizer_tensors(optimizer)
+            save_file(tensors, str(tmp / TENSORS))
         payload = {**state, "format_version": FORMAT_VERSION, "step": step, "optimizer_param_groups": groups,
                    "rng": rng_state(), "complete": True}
         (tmp / STATE).write_text(json.dumps(payload))
@@ -154,10 +177,16 @@ class Checkpointer:
     policy: object
     tokenizer: object
     keep: int
+    trainer: object = None
+    """The run's trainer: a sharded one brings `policy` up to date first and writes its optimizer state sharded."""
 
     def save(self, step: int, *, optimizer, state: dict, reference=None) -> Path:
+        sharded = None
+        if self.trainer is not None:
+            self.trainer.sync_copy()
+            sharded = self.trainer if self.trainer.sharded else None
         return save(self.run_dir, step=step, policy=self.policy, tokenizer=self.tokenizer, optimizer=optimizer,
-                    state=state, reference=reference, keep=self.keep)
+                    state=state, reference=reference, keep=self.keep, sharded=sharded)
 
     def buffer_marks(self) -> list[int]:
         return buffer_marks(self.run_dir)
@@ -208,7 +237,8 @@ def buffer_marks(run_dir: Path) -> list[int]:
 
 def _complete(path: Path) -> bool:
     try:
-        return json.loads((path / STATE).read_text()).get("complete", False) and (path / TENSORS).is_file()
+        return json.loads((path / STATE).read_text()).get("complete", False) and (
+            (path / TENSORS).is_file() or (path / SHARDED / ".metadata").is_file())
     except (OSError, ValueError):
         return False
 
@@ -237,7 +267,10 @@ def problems(path: Path) -> list[str]:
         if not weights and not index.is_file():
             found.append(f"{d}: no *.safetensors weights")
         found += [f"{f}: {why}" for f in weights if (why := safetensors_problem(f))]
-    if why := safetensors_problem(path / TENSORS):
+    if (path / SHARDED).is_dir():
+        if not (path / SHARDED / ".metadata").is_file():
+            found.append(f"{path / SHARDED / '.metadata'}: missing")
+    elif why := safetensors_problem(path / TENSORS):
         found.append(f"{path / TENSORS}: {why}")
     return found
 

@@ -58,6 +58,7 @@ class ResettingReference:
         """[N, R] per-token log π_ref of the responses (logits ÷ T), padding 0."""
         return response_logprobs(self.model, prompts, responses, temperature, pad_id)[0]
 
-    def updated(self, policy, version: int) -> None:
+    def updated(self, policy_state, version: int) -> None:
+        """`policy_state()`: the policy's whole state dict (read only when a reset is due)."""
         if self.every and version % self.every == 0:
-            self.model.load_state_dict(policy.state_dict())  # π_ref ← π_θ every ρ updates
+            self.model.load_state_dict(policy_state())  # π_ref ← π_θ every ρ updates
