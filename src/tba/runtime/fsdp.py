@@ -22,6 +22,7 @@ searchers sample.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,7 +165,9 @@ def load_optimizer(model: torch.nn.Module, optimizer, path: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=str(path))
+    with warnings.catch_warnings():  # one process reading a sharded checkpoint is what it is for
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path))
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 

@@ -278,10 +278,10 @@ class _Ranks:
                 continue
             if kind == "error":
                 return self._error(command, f"rank {rank} raised:\n{detail}")
-        stuck = ", ".join(f"{r} (pid {p.pid})" for r, p in enumerate(self.procs, 1))
-        return self._error(command, f"rank 0's collective failed ({type(cause).__name__}: {cause}); ranks {stuck} "
-                                    f"are alive but did not answer within trainer.fsdp.collective_timeout_s = "
-                                    f"{self.timeout_s:g} s")
+        stuck = ", ".join(f"rank {r} (pid {p.pid})" for r, p in enumerate(self.procs, 1))
+        return self._error(command, f"{stuck} did not answer within trainer.fsdp.collective_timeout_s = "
+                                    f"{self.timeout_s:g} s: alive but stopped or hung (rank 0's collective: "
+                                    f"{type(cause).__name__}: {cause})")
 
     def _check_alive(self, command: str) -> None:
         for r, p in enumerate(self.procs, 1):
