@@ -117,3 +117,31 @@ def test_a_rank_that_dies_or_stops_answering_ends_the_run_naming_it(saved, tmp_p
     wait_for_step(out, 3, proc)
     os.kill(ranks[0], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
     _ends_naming_rank_1(proc, ranks, bound_s=40)
+
+
+@pytest.mark.slow
+def test_a_one_process_checkpoint_resumes_at_two_ranks_with_the_next_updates_unchanged(saved, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(offline(saved, straight, "trainer.world_size=1", "trainer.steps=6")) == 0
+    assert main(offline(saved, split, "trainer.world_size=1", "trainer.steps=4")) == 0
+    assert main(["train", "--resume", str(split), "trainer.world_size=2", "trainer.steps=6"]) == 0
+    assert losses(split)[5] == pytest.approx(losses(straight)[5], rel=1e-5)
+    assert losses(split)[6] == pytest.approx(losses(straight)[6], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["shared", "broadcast"])
+def test_searchers_load_the_weights_two_ranks_publish(saved, tmp_path, transport):
+    """Publication gathers on the trainer's group before rank 0 sends on the transport's own (broadcast: a second
+    gloo group): the run ends, and the searchers sampled the versions it published."""
+    root, _ = saved
+    versions = {}
+    for world in (1, 2):
+        out = tmp_path / f"{transport}{world}"
+        assert main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={root / 'cache'}", "runtime=local",
+                     "mode=sync", f"trainer.world_size={world}", "trainer.steps=4",
+                     f"search.weight_transport={transport}", "supervision.collect_timeout_s=120"]) == 0
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        versions[world] = [m["searcher/version_min"] for m in metrics]
+        assert metrics[-1]["sync/searcher_loads"] >= 2
+    assert versions[2] == versions[1] and versions[2][-1] >= 2, versions  # as one process publishes them
