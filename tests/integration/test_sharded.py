@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from paths import TINY as TINY_RECIPE
 from procs import alive, cmdline, descendants
+from runs import needs_ray, ray_processes
 
 from tba.cli import main
 
@@ -145,3 +146,15 @@ def test_searchers_load_the_weights_two_ranks_publish(saved, tmp_path, transport
         versions[world] = [m["searcher/version_min"] for m in metrics]
         assert metrics[-1]["sync/searcher_loads"] >= 2
     assert versions[2] == versions[1] and versions[2][-1] >= 2, versions  # as one process publishes them
+
+
+@needs_ray
+@pytest.mark.slow
+def test_on_ray_the_other_rank_is_an_actor_of_a_placement_group(saved, tmp_path, capsys):
+    root, _ = saved
+    out = tmp_path / "ray"
+    assert main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={root / 'cache'}", "runtime=ray", "mode=sync",
+                 "trainer.world_size=2", "trainer.steps=3"]) == 0
+    assert "2 ranks (cpu, cpu; Ray actors), FSDP2" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["trainer_steps"] == 3
+    assert not ray_processes()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import os
 import sqlite3
@@ -261,8 +262,13 @@ def build_trainer(cfg: RunConfig, policy, reference, tokenizer, source: str | No
         return Trainer(policy, **args)
     threads = cfg.threads or default_threads(sum(g.num_searchers for g in searcher_groups(cfg)), cfg.runtime)[0]
     parts = ranks.RankParts(RankBuild(cfg, source, tokenizer.pad_token_id), t.fsdp, cfg.model.dtype, threads)
+    launch = ranks.start_local
+    if cfg.runtime == "ray":  # the other ranks as actors of one placement group (imports Ray only then)
+        from tba.runtime import ray_ranks
+
+        launch = functools.partial(ray_ranks.start_actors, cfg=cfg.ray)
     return ranks.start(parts, world=t.world_size, devices=ranks.rank_devices(t.fsdp, t.world_size, cfg.model.device),
-                       whole=policy, trainer_args=args)
+                       whole=policy, trainer_args=args, launch=launch)
 
 
 def scoring(cfg: RunConfig) -> Scoring:

@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -75,13 +76,31 @@ def rank_devices(cfg: FSDPConfig, world: int, model_device: str) -> list[torch.d
     return [torch.device(kind, r) if kind != "cpu" else torch.device("cpu") for r in range(world)]
 
 
+class RankGroup(Protocol):
+    """Rank 0's handle on ranks 1..N−1, wherever they run (processes here: `LocalRanks`; Ray actors:
+    tba.runtime.ray_ranks)."""
+
+    def send(self, command: str, payload) -> None:
+        """Start `command` on every other rank; returns at once."""
+
+    def answers(self, command: str, what: str = "done") -> None:
+        """Wait (within the collective timeout) until every other rank has carried out `command` (`what` =
+        "ready": has started); raises TrainerRankError naming a rank that failed, died or did not answer."""
+
+    def failure(self, command: str, cause: Exception) -> TrainerRankError:
+        """The error to raise when rank 0's own part of `command` failed (`cause`): whatever the other ranks say."""
+
+    def close(self) -> None:
+        """End every other rank and the trainer's process group."""
+
+
 class ShardedTrainer(Trainer):
     """One rank's trainer: the algorithm's Trainer on its shard of the policy and its share of each batch. On
     rank 0 it is also the run's trainer, and each public call first tells the other ranks to do the same."""
 
     sharded = True
 
-    def __init__(self, model, *, rank: int, world: int, parts: RankParts, ranks: _Ranks | None = None,
+    def __init__(self, model, *, rank: int, world: int, parts: RankParts, ranks: RankGroup | None = None,
                  whole: torch.nn.Module | None = None, **trainer_args):
         super().__init__(model, **trainer_args)
         self.rank, self.world, self.parts, self.ranks = rank, world, parts, ranks
@@ -180,14 +199,15 @@ class ShardedTrainer(Trainer):
 
 
 # ---- starting the ranks ------------------------------------------------------------------------------------------
-def _free_address() -> str:
+def free_address(host: str = "127.0.0.1") -> str:
+    """A rendezvous address on `host` (this machine's loopback unless the ranks are on other nodes)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 @dataclass
-class _RankArgs:
+class RankArgs:
     rank: int
     world: int
     address: str
@@ -198,11 +218,11 @@ class _RankArgs:
     trainer_pid: int
 
 
-def _backend(device: torch.device) -> str:
+def backend(device: torch.device) -> str:
     return "gloo" if device.type == "cpu" else "nccl"
 
 
-def _make_trainer(a: _RankArgs, model, args: dict, whole=None, ranks=None) -> ShardedTrainer:
+def make_trainer(a: RankArgs, model, args: dict, whole=None, ranks=None) -> ShardedTrainer:
     """Shard `model`, give every rank rank 0's weights (and π_ref, for an objective that keeps its own), and make
     the trainer over the shards. Collective: every rank, in this order."""
     model = fsdp.shard(model.to(a.device), a.parts.fsdp, dtype=a.parts.dtype, device=a.device)
@@ -214,14 +234,14 @@ def _make_trainer(a: _RankArgs, model, args: dict, whole=None, ranks=None) -> Sh
     return ShardedTrainer(model, rank=a.rank, world=a.world, parts=a.parts, ranks=ranks, whole=whole, **args)
 
 
-def _rank_main(a: _RankArgs) -> None:
+def _rank_main(a: RankArgs) -> None:
     Lifeline(a.trainer_pid).watch()  # first: this process ends with rank 0, even blocked in a collective
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it then ends this rank
     try:
         torch.set_num_threads(a.parts.threads)
-        with fsdp.process_group(_backend(a.device), a.rank, a.world, a.address, a.parts.fsdp.collective_timeout_s):
+        with fsdp.process_group(backend(a.device), a.rank, a.world, a.address, a.parts.fsdp.collective_timeout_s):
             model, args = a.parts.build(a.device)
-            trainer = _make_trainer(a, model, args)
+            trainer = make_trainer(a, model, args)
             a.answers.put(("ready", a.rank, None))
             while True:
                 command, payload = a.commands.get()
@@ -234,7 +254,7 @@ def _rank_main(a: _RankArgs) -> None:
         sys.exit(1)
 
 
-class _Ranks:
+class LocalRanks:
     """Rank 0's handle on ranks 1..N−1: their processes, command queues and the queue of their answers."""
 
     def __init__(self, procs: list[Child], commands: list, answers, timeout_s: float):
@@ -315,31 +335,38 @@ class _Ranks:
             dist.destroy_process_group()
 
 
-def start(parts: RankParts, *, world: int, devices: list[torch.device], whole: torch.nn.Module,
-          trainer_args: dict) -> ShardedTrainer:
-    """Start ranks 1..world−1, join them as rank 0 with `whole` (the run's policy, unsharded) as everyone's
-    weights, and return rank 0's trainer. A rank that fails to start raises TrainerRankError."""
+def start_local(parts: RankParts, world: int, devices: list[torch.device]) -> tuple[LocalRanks, str]:
+    """Ranks 1..world−1 as processes of this machine; (their handle, the rendezvous address)."""
     ctx = mp.get_context("spawn")
-    address, answers = _free_address(), ctx.Queue()
+    address, answers = free_address(), ctx.Queue()
     commands = [ctx.Queue() for _ in range(world - 1)]
     procs = []
     for r in range(1, world):
         p = ctx.Process(target=_rank_main, name=f"tba-trainer-rank-{r}", daemon=True,
-                        args=(_RankArgs(r, world, address, devices[r], parts, commands[r - 1], answers,
+                        args=(RankArgs(r, world, address, devices[r], parts, commands[r - 1], answers,
                                         os.getpid()),))
         p.start()
         procs.append(Child(p))
-    ranks = _Ranks(procs, commands, answers, parts.fsdp.collective_timeout_s)
-    a = _RankArgs(0, world, address, devices[0], parts, None, answers, os.getpid())
+    return LocalRanks(procs, commands, answers, parts.fsdp.collective_timeout_s), address
+
+
+def start(parts: RankParts, *, world: int, devices: list[torch.device], whole: torch.nn.Module,
+          trainer_args: dict, launch: Callable = start_local) -> ShardedTrainer:
+    """Start ranks 1..world−1 with `launch` (`start_local`: processes here; runtime=ray: Ray actors in one placement
+    group, tba.runtime.ray_ranks.start_actors), join them as rank 0 with `whole` (the run's policy, unsharded) as
+    everyone's weights, and return rank 0's trainer. A rank that fails to start raises TrainerRankError."""
     t0 = time.perf_counter()
+    ranks, address = launch(parts, world, devices)
+    a = RankArgs(0, world, address, devices[0], parts, None, None, os.getpid())
     try:
-        dist.init_process_group(_backend(devices[0]), rank=0, world_size=world, init_method=address,
+        dist.init_process_group(backend(devices[0]), rank=0, world_size=world, init_method=address,
                                 timeout=_timedelta(parts.fsdp.collective_timeout_s))
-        trainer = _make_trainer(a, copy_lib.deepcopy(whole), trainer_args, whole=whole, ranks=ranks)
+        trainer = make_trainer(a, copy_lib.deepcopy(whole), trainer_args, whole=whole, ranks=ranks)
     except Exception as e:
         raise ranks.failure("start", e) from None
     ranks.answers("start", what="ready")
-    logger.info(f"trainer: {world} ranks ({', '.join(str(d) for d in devices)}), FSDP2, ready in "
+    where = "processes" if isinstance(ranks, LocalRanks) else "Ray actors"
+    logger.info(f"trainer: {world} ranks ({', '.join(str(d) for d in devices)}; {where}), FSDP2, ready in "
                 f"{time.perf_counter() - t0:.1f} s")
     return trainer
 

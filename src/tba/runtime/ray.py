@@ -50,6 +50,18 @@ except ImportError:  # the optional extra is missing
     ray = None
 
 
+def connect(cfg) -> bool:
+    """Join `ray.address`, or start a private Ray on 127.0.0.1 (dashboard off), unless this process is connected
+    already; says whether it started Ray (and so must shut it down)."""
+    if ray.is_initialized():
+        return False
+    if cfg.address:
+        ray.init(address=cfg.address, log_to_driver=True)
+        return False
+    ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
+    return True
+
+
 class _SearcherActor:
     def __init__(self, spec: SearcherSpec, state: dict | None, weights_spec):
         self.worker = Worker(build_searcher(spec, state), spec.rank, spec.synced, receiver=None)
@@ -105,13 +117,7 @@ class RayRuntime(WorkerRuntime):
         goes on; `start` waits for them and only then submits work."""
         if self.actors:
             return
-        if not ray.is_initialized():
-            if self.ray_cfg.address:
-                ray.init(address=self.ray_cfg.address, log_to_driver=True)
-            else:
-                ray.init(num_cpus=self.ray_cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                         log_to_driver=True)
-                self._started_ray = True
+        self._started_ray = connect(self.ray_cfg)
         r, s = self.ray_cfg, self.supervision
         # Ray restarts a dead actor itself (re-running __init__); tasks in flight at the death fail and are
         # not retried: the driver counts the restart, re-sends the searcher's last state and the newest weights
