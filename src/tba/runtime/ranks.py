@@ -116,9 +116,11 @@ class ShardedTrainer(Trainer):
         self.sync_copy()
         return {k: v.detach() for k, v in synced_tensors(self.copy).items()}
 
-    def sync_copy(self) -> None:
-        if self.copy_version != self.version:
-            gathered = self._together("gather", None, self.gather)
+    def sync_copy(self, *, force: bool = False, bucket_mb: float | None = None) -> None:
+        """Gather the shards into the whole copy if it is behind (`force`: anyway, e.g. to time it; `bucket_mb`:
+        another bucket size than trainer.fsdp.publish_bucket_mb, for every rank)."""
+        if force or self.copy_version != self.version:
+            gathered = self._together("gather", bucket_mb, lambda: self.gather(bucket_mb))
             load_synced(self.copy, gathered)
             self.copy_version = self.version
 
@@ -156,7 +158,7 @@ class ShardedTrainer(Trainer):
         if command == "state":
             return self.full_state()
         if command == "gather":
-            return self.gather()
+            return self.gather(payload)
         if command == "save":
             return fsdp.save_optimizer(self.model, self.optimizer, payload)
         if command == "load":
@@ -165,10 +167,10 @@ class ShardedTrainer(Trainer):
             return fsdp.load_full_optimizer(self.model, self.optimizer, state)
         raise ValueError(f"unknown trainer command {command!r}")
 
-    def gather(self) -> dict[str, torch.Tensor]:
+    def gather(self, bucket_mb: float | None = None) -> dict[str, torch.Tensor]:
         dtype = fsdp.DTYPES[self.parts.dtype]
-        return fsdp.gather(self.model, self.names, bucket_mb=self.parts.fsdp.publish_bucket_mb, dtype=dtype,
-                           keep=self.rank == 0)
+        return fsdp.gather(self.model, self.names, bucket_mb=bucket_mb or self.parts.fsdp.publish_bucket_mb,
+                           dtype=dtype, keep=self.rank == 0)
 
     def share(self, draws: list[Draw]) -> list[Draw]:
         n = len(draws) // self.world

@@ -1,0 +1,192 @@
+"""The sharded trainer on this machine: update time and peak memory per rank of one process (`plain`, today's
+trainer), FSDP2 on one rank (`fsdp1`) and on two (`fsdp2`, gloo on CPU), and the time to gather the weights for
+the searchers at several bucket sizes.
+
+    python -m bench.perf.sharded [--hidden 1024 --layers 24] [--variants plain fsdp1 fsdp2] [--steps 4]
+    python -m bench.perf.sharded --smoke          # a tiny model, one update (CI)
+    python -m bench.perf.sharded --device cuda --variants plain fsdp1 --dtype bfloat16   # one GPU
+
+Each variant runs in a fresh process (`--child`): a Llama-shaped model of random weights is built and saved, the
+trainer is made exactly as `tba train` makes it (tba.run.build.build_trainer: the objective TB, AdamW, fp32 master
+weights unless --dtype), and it takes `--steps` updates on a fixed synthetic batch (B = 2 prompt groups × K = 2
+samples of --prompt + --response tokens); the first update is not timed (allocations, FSDP's lazy init). Memory:
+peak RSS (VmHWM) of every rank's process, and the same minus its RSS before the model was built (the trainer's own
+share: model, copies, gradients, Adam, activations) — on CPU everything of a process is in its RSS. On a GPU, also
+torch.cuda.max_memory_allocated of rank 0. Rank 0 of a sharded trainer also holds the policy whole (the copy that
+evaluation, checkpoints and the searchers' first weights read): that is in its column.
+
+Two ranks on this machine's 2 cores share the cores one process had: the step time says what sharding costs in
+communication here, not what a second device would buy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.lib.header import header
+from bench.lib.paths import RESULTS
+
+VARIANTS = ("plain", "fsdp1", "fsdp2")
+
+
+def _rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One variant, in this process: build, train, measure; returns the row."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from tba.algorithm.types import Draw, Sample
+    from tba.config import load_config
+    from tba.models import save_checkpoint
+    from tba.run import build
+    from tba.runtime import ranks
+
+    torch.set_num_threads(args.threads)
+    base = _rss_mb()
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=max(1, args.heads // 4), intermediate_size=args.hidden * 11 // 4,
+                         vocab_size=args.vocab, max_position_embeddings=1024, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, args.dtype))
+    params = sum(p.numel() for p in model.parameters())
+    source = Path(tempfile.mkdtemp(prefix="tba-sharded-"))
+    model.save_pretrained(source, safe_serialization=True)
+    world = {"plain": 1, "fsdp1": 1, "fsdp2": 2}[args.child]
+    cfg = load_config(None, [f"model.policy={source}", f"model.dtype={args.dtype}", f"model.device={args.device}",
+                             f"trainer.world_size={max(world, 1)}", "trainer.prompts_per_step=2",
+                             "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=1", "trainer.lr=1e-5",
+                             f"search.max_new_tokens={args.response}", f"threads={args.threads}"])
+    model = model.to(args.device)
+    pad = type("Tok", (), {"pad_token_id": 0})()
+    if args.child == "fsdp1":  # FSDP2 on one rank: the sharded trainer's code path with nothing to shard across
+        parts = ranks.RankParts(build.RankBuild(cfg, str(source), 0), cfg.trainer.fsdp, args.dtype, args.threads)
+        trainer = ranks.start(parts, world=1, devices=[torch.device(args.device)], whole=model,
+                              trainer_args=build.trainer_args(cfg, None, 0))
+    else:
+        trainer = build.build_trainer(cfg, model, None, pad, str(source))
+    g = torch.Generator().manual_seed(0)
+    draws = [Draw(p, torch.randint(3, args.vocab, (args.prompt,), generator=g).tolist(),
+                  [Sample(torch.randint(3, args.vocab, (args.response,), generator=g).tolist(),
+                          [-1.0] * args.response, reward=float(j), version=0) for j in range(2)], online=True)
+             for p in range(2)]
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        trainer.step(draws)
+        times.append(time.perf_counter() - t)
+    publish = {}
+    if args.child != "plain":
+        for mb in args.buckets:
+            spent = []
+            for _ in range(3):
+                t = time.perf_counter()
+                trainer.sync_copy(force=True, bucket_mb=mb)
+                spent.append(time.perf_counter() - t)
+            publish[str(mb)] = statistics.median(spent)
+    peaks = [(_rss_mb("self", "VmHWM"), base)]
+    if args.child == "fsdp2":
+        for p in trainer.ranks.procs:
+            peaks.append((_rss_mb(p.pid, "VmHWM"), base))  # rank 0 baseline: both processes import the same modules
+    gpu = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    trainer.close()
+    tokens = 2 * 2 * (args.prompt + args.response)
+    return {"variant": args.child, "params_m": params / 1e6, "world_size": world, "steps_s": times,
+            "step_s": statistics.median(times[1:] or times), "tokens_per_s": tokens / statistics.median(
+                times[1:] or times), "peak_rss_gb": [p / 1024 for p, _ in peaks],
+            "own_gb": [(p - b) / 1024 for p, b in peaks], "gpu_peak_gb": gpu, "publish_s": publish}
+
+
+def table(rows: list[dict], buckets: list[float]) -> str:
+    out = ["| variant | ranks | params (M) | update (s), median | tokens/s | peak RSS per rank (GB) | "
+           "trainer's own per rank (GB) | update (s), each |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['variant']} | {r['world_size']} | {r['params_m']:.1f} | {r['step_s']:.2f} | "
+                   f"{r['tokens_per_s']:.0f} | {' / '.join(f'{x:.2f}' for x in r['peak_rss_gb'])} | "
+                   f"{' / '.join(f'{x:.2f}' for x in r['own_gb'])} | {' / '.join(f'{x:.2f}' for x in r['steps_s'])} |")
+    if any(r["gpu_peak_gb"] is not None for r in rows):
+        out += ["", "| variant | rank 0 torch.cuda.max_memory_allocated (GB) |", "|---|---|"]
+        out += [f"| {r['variant']} | {r['gpu_peak_gb']:.2f} |" for r in rows]
+    sharded = [r for r in rows if r["publish_s"]]
+    if sharded:
+        out += ["", "Gathering the weights for the searchers (sync_copy: every unit unsharded, copied out by rank 0), "
+                    "median of 3, seconds:", "",
+                "| variant | " + " | ".join(f"bucket {b:g} MB" for b in buckets) + " |",
+                "|---|" + "---|" * len(buckets)]
+        out += [f"| {r['variant']} | " + " | ".join(f"{r['publish_s'][str(b)]:.3f}" for b in buckets) + " |"
+                for r in sharded]
+    return "\n".join(out)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--response", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--buckets", type=float, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--results", type=Path, default=RESULTS / "sharded" / "sharded.md")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, one update (CI)")
+    ap.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        row = child(args)
+        args.json.write_text(json.dumps(row))
+        return 0
+    argv = sys.argv[1:] if argv is None else argv
+    if args.smoke:
+        args.hidden, args.layers, args.heads, args.vocab, args.steps, args.buckets = 32, 2, 2, 64, 1, [1.0]
+    rows = []
+    for variant in args.variants:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "row.json"
+            cmd = [sys.executable, "-m", "bench.perf.sharded", "--child", variant, "--json", str(out),
+                   "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
+                   "--vocab", str(args.vocab), "--prompt", str(args.prompt), "--response", str(args.response),
+                   "--steps", str(args.steps), "--dtype", args.dtype, "--device", args.device, "--threads",
+                   str(args.threads), "--buckets", *map(str, args.buckets)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0:
+                raise SystemExit(f"variant {variant} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+            rows.append(json.loads(out.read_text()))
+            print(f"{variant}: update {rows[-1]['step_s']:.2f} s, peak RSS {rows[-1]['peak_rss_gb']}", flush=True)
+    text = header("bench.perf.sharded", "update: one TB update of B = 2 groups × K = 2 samples "
+                  f"({args.prompt} + {args.response} tokens each), the first of --steps not counted in the median; "
+                  "peak RSS: each rank's VmHWM; trainer's own: that minus rank 0's RSS before the model was built (every rank imports the same modules)",
+                  argv=argv) + table(rows, args.buckets)
+    text += "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(text)
+    print(table(rows, args.buckets))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
