@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tba.algorithm.objectives import OBJECTIVES
+from tba.config.fsdp import FSDPConfig
 from tba.config.rules import (
     devices,
     fraction,
@@ -24,7 +25,6 @@ from tba.config.rules import (
     setting,
     sync_period,
 )
-from tba.config.fsdp import FSDPConfig
 from tba.config.search import (  # noqa: F401  (the searchers' sections, part of this schema)
     QUANTIZE,
     RayConfig,
