@@ -3,6 +3,7 @@
     tba train [CONFIG.yaml] [key.sub=value ...] [--overwrite]   run TBA (no config: the embedded default)
     tba train --resume RUN_DIR [key.sub=value ...]            continue a run from its last complete checkpoint
     tba sft   [CONFIG.yaml] [key.sub=value ...]               build (or reuse) the cached SFT warm start
+    tba plan  [CONFIG.yaml] [key.sub=value ...]               per device, the memory the run needs (exit 1: no fit)
     tba buffer stats RUN_DIR                                  what a run's durable replay buffer holds
     tba buffer dump RUN_DIR [--limit N]                       its stored groups as JSON lines (decoded)
     tba export RUN_DIR OUT_DIR                                the run's policy as a servable model (LoRA merged)
@@ -22,14 +23,14 @@ import argparse
 import os
 import sys
 
-from tba.cli import buffer, export, report, train
+from tba.cli import buffer, export, plan, report, train
 from tba.cli.command import Command, user_error
 
 USAGE = __doc__.split("\n\n")[1].replace("    tba", "tba")
 
 
 def commands() -> dict[str, Command]:
-    return {c.name: c for c in (*train.COMMANDS, buffer.COMMAND, export.COMMAND, report.COMMAND)}
+    return {c.name: c for c in (*train.COMMANDS, plan.COMMAND, buffer.COMMAND, export.COMMAND, report.COMMAND)}
 
 
 def build_parser(command: Command) -> argparse.ArgumentParser:

@@ -46,8 +46,24 @@ def interrupted(cfg) -> int:
     return 130
 
 
+def check_plan(cfg) -> None:
+    """Refuse, before anything is loaded, a layout that `tba plan` says cannot fit (a PlanError: one line, exit 1).
+    A plan that cannot be made (a model's config not available offline, …) never stops the run: one log line."""
+    from tba.run.plan import PlanError, make_plan
+
+    try:
+        refusal = make_plan(cfg).refusal()
+    except Exception as e:  # noqa: BLE001 — the check may only refuse what it computed, never fail a run itself
+        logger.info(f"memory plan skipped ({type(e).__name__}: {e})")
+        return
+    if refusal:
+        raise PlanError(refusal)
+
+
 def train(ns: argparse.Namespace) -> int:
     cfg = load_run_config(ns)
+    if not ns.ignore_plan:
+        check_plan(cfg)
     from tba.runtime.forkserver import start_early
 
     start_early(cfg)  # the searchers' imports, in a server process, while this one imports the trainer's
@@ -96,6 +112,8 @@ def train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set-aside-buffer", action="store_true",
                         help="--resume: move a replay buffer that cannot be read aside (buffer.set-aside-N.sqlite) "
                              "and resume from the checkpoint with the groups it can still read")
+    parser.add_argument("--ignore-plan", action="store_true",
+                        help="start even if `tba plan` estimates that the run does not fit in memory")
 
 
 COMMANDS = (Command("train", "Run TBA on a recipe (no config: the embedded default) or resume a run.", train_arguments,

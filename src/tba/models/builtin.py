@@ -30,9 +30,10 @@ def train_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFa
     )
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig, seed: int):
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+def tiny_config(cfg: TinyModelConfig, vocab_size: int, *, bos: int, eos: int, pad: int) -> LlamaConfig:
+    """The builtin model's config for a tokenizer of `vocab_size` tokens (tba.models.shape plans with it too)."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
@@ -40,9 +41,14 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig, s
         intermediate_size=cfg.intermediate_size,
         max_position_embeddings=256,
         tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
     )
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerFast, cfg: TinyModelConfig, seed: int):
+    config = tiny_config(cfg, len(tokenizer), bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id,
+                         pad=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

