@@ -2,7 +2,7 @@
 trainer), FSDP2 on one rank (`fsdp1`) and on two (`fsdp2`, gloo on CPU), and the time to gather the weights for
 the searchers at several bucket sizes.
 
-    python -m bench.perf.sharded [--hidden 1024 --layers 24] [--variants plain fsdp1 fsdp2] [--steps 4]
+    python -m bench.perf.sharded [--hidden 1536 --layers 24] [--variants plain fsdp1 fsdp2] [--steps 4]
     python -m bench.perf.sharded --smoke          # a tiny model, one update (CI)
     python -m bench.perf.sharded --device cuda --variants plain fsdp1 --dtype bfloat16   # one GPU
 
@@ -22,6 +22,7 @@ communication here, not what a second device would buy.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -51,7 +52,6 @@ def child(args: argparse.Namespace) -> dict:
 
     from tba.algorithm.types import Draw, Sample
     from tba.config import load_config
-    from tba.models import save_checkpoint
     from tba.run import build
     from tba.runtime import ranks
 
@@ -71,13 +71,14 @@ def child(args: argparse.Namespace) -> dict:
                              "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=1", "trainer.lr=1e-5",
                              f"search.max_new_tokens={args.response}", f"threads={args.threads}"])
     model = model.to(args.device)
+    reference = copy.deepcopy(model).eval().requires_grad_(False)  # π_ref, as every run keeps it (tba.run.build)
     pad = type("Tok", (), {"pad_token_id": 0})()
     if args.child == "fsdp1":  # FSDP2 on one rank: the sharded trainer's code path with nothing to shard across
         parts = ranks.RankParts(build.RankBuild(cfg, str(source), 0), cfg.trainer.fsdp, args.dtype, args.threads)
         trainer = ranks.start(parts, world=1, devices=[torch.device(args.device)], whole=model,
                               trainer_args=build.trainer_args(cfg, None, 0))
     else:
-        trainer = build.build_trainer(cfg, model, None, pad, str(source))
+        trainer = build.build_trainer(cfg, model, reference, pad, str(source))
     g = torch.Generator().manual_seed(0)
     draws = [Draw(p, torch.randint(3, args.vocab, (args.prompt,), generator=g).tolist(),
                   [Sample(torch.randint(3, args.vocab, (args.response,), generator=g).tolist(),
@@ -98,27 +99,50 @@ def child(args: argparse.Namespace) -> dict:
                 t = time.perf_counter()
                 trainer.sync_copy(force=True, bucket_mb=mb)
                 spent.append(time.perf_counter() - t)
-            publish[str(mb)] = statistics.median(spent)
+            publish[f"{mb:g}"] = statistics.median(spent)
     peaks = [(_rss_mb("self", "VmHWM"), base)]
     if args.child == "fsdp2":
         for p in trainer.ranks.procs:
             peaks.append((_rss_mb(p.pid, "VmHWM"), base))  # rank 0 baseline: both processes import the same modules
     gpu = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    estimate = plan_estimate(cfg, world) if args.child != "fsdp1" else None
     trainer.close()
     tokens = 2 * 2 * (args.prompt + args.response)
     return {"variant": args.child, "params_m": params / 1e6, "world_size": world, "steps_s": times,
             "step_s": statistics.median(times[1:] or times), "tokens_per_s": tokens / statistics.median(
                 times[1:] or times), "peak_rss_gb": [p / 1024 for p, _ in peaks],
-            "own_gb": [(p - b) / 1024 for p, b in peaks], "gpu_peak_gb": gpu, "publish_s": publish}
+            "own_gb": [(p - b) / 1024 for p, b in peaks], "gpu_peak_gb": gpu, "publish_s": publish,
+            "plan_gb": estimate}
+
+
+def plan_estimate(cfg, world: int) -> list[float]:
+    """`tba plan`'s estimate of each rank's memory in GB, less its per-process term (what the baseline measures):
+    the trainer (rank r) and, on rank 0 of a sharded trainer, the whole copy."""
+    from tba.run.plan import make_plan
+
+    plan = make_plan(cfg, capacity=lambda device: None)
+    names = ["trainer"] if world == 1 else [f"trainer rank {r}" for r in range(world)]
+    out = []
+    for r, name in enumerate(names):
+        occupants = [o for d in plan.devices for o in d.occupants
+                     if o.name == name or (r == 0 and o.name.startswith("rank 0's"))]
+        out.append(sum(t.bytes for o in occupants for t in o.terms if not t.name.startswith("process")) / 2**30)
+    return out
 
 
 def table(rows: list[dict], buckets: list[float]) -> str:
     out = ["| variant | ranks | params (M) | update (s), median | tokens/s | peak RSS per rank (GB) | "
-           "trainer's own per rank (GB) | update (s), each |", "|---|---|---|---|---|---|---|---|"]
+           "trainer's own per rank (GB) | `tba plan` per rank (GB) | plan / own | update (s), each |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def each(xs, fmt=".2f"):
+        return " / ".join(f"{x:{fmt}}" for x in xs) if xs else "—"
+
     for r in rows:
+        ratio = [p / o for p, o in zip(r["plan_gb"], r["own_gb"], strict=True)] if r.get("plan_gb") else None
         out.append(f"| {r['variant']} | {r['world_size']} | {r['params_m']:.1f} | {r['step_s']:.2f} | "
-                   f"{r['tokens_per_s']:.0f} | {' / '.join(f'{x:.2f}' for x in r['peak_rss_gb'])} | "
-                   f"{' / '.join(f'{x:.2f}' for x in r['own_gb'])} | {' / '.join(f'{x:.2f}' for x in r['steps_s'])} |")
+                   f"{r['tokens_per_s']:.0f} | {each(r['peak_rss_gb'])} | {each(r['own_gb'])} | "
+                   f"{each(r.get('plan_gb'))} | {each(ratio)} | {each(r['steps_s'])} |")
     if any(r["gpu_peak_gb"] is not None for r in rows):
         out += ["", "| variant | rank 0 torch.cuda.max_memory_allocated (GB) |", "|---|---|"]
         out += [f"| {r['variant']} | {r['gpu_peak_gb']:.2f} |" for r in rows]
@@ -128,7 +152,7 @@ def table(rows: list[dict], buckets: list[float]) -> str:
                     "median of 3, seconds:", "",
                 "| variant | " + " | ".join(f"bucket {b:g} MB" for b in buckets) + " |",
                 "|---|" + "---|" * len(buckets)]
-        out += [f"| {r['variant']} | " + " | ".join(f"{r['publish_s'][str(b)]:.3f}" for b in buckets) + " |"
+        out += [f"| {r['variant']} | " + " | ".join(f"{r['publish_s'][f'{b:g}']:.3f}" for b in buckets) + " |"
                 for r in sharded]
     return "\n".join(out)
 
@@ -136,7 +160,7 @@ def table(rows: list[dict], buckets: list[float]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=1536)
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -179,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{variant}: update {rows[-1]['step_s']:.2f} s, peak RSS {rows[-1]['peak_rss_gb']}", flush=True)
     text = header("bench.perf.sharded", "update: one TB update of B = 2 groups × K = 2 samples "
                   f"({args.prompt} + {args.response} tokens each), the first of --steps not counted in the median; "
-                  "peak RSS: each rank's VmHWM; trainer's own: that minus rank 0's RSS before the model was built (every rank imports the same modules)",
+                  "peak RSS: each rank's VmHWM; trainer's own: that minus rank 0's RSS before the model was built "
+                  "(every rank imports the same modules); `tba plan`: its terms for the rank (rank 0: with the "
+                  "whole copy and π_ref) less its per-process term",
                   argv=argv) + table(rows, args.buckets)
     text += "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
     args.results.parent.mkdir(parents=True, exist_ok=True)
