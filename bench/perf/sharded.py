@@ -59,7 +59,8 @@ def child(args: argparse.Namespace) -> dict:
     base = _rss_mb()
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=max(1, args.heads // 4), intermediate_size=args.hidden * 11 // 4,
+                         num_key_value_heads=args.kv_heads or max(1, args.heads // 4),
+                         intermediate_size=args.intermediate or args.hidden * 11 // 4,
                          vocab_size=args.vocab, max_position_embeddings=1024, tie_word_embeddings=True)
     model = AutoModelForCausalLM.from_config(config).to(getattr(torch, args.dtype))
     params = sum(p.numel() for p in model.parameters())
@@ -69,7 +70,9 @@ def child(args: argparse.Namespace) -> dict:
     cfg = load_config(None, [f"model.policy={source}", f"model.dtype={args.dtype}", f"model.device={args.device}",
                              f"trainer.world_size={max(world, 1)}", "trainer.prompts_per_step=2",
                              "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=1", "trainer.lr=1e-5",
-                             f"search.max_new_tokens={args.response}", f"threads={args.threads}"])
+                             f"search.max_new_tokens={args.response}", f"threads={args.threads}",
+                             # the plan at the benchmark's prompt length, and no evaluation batch (none runs here)
+                             f"task.max_prompt_tokens={args.prompt}", "eval.batch_size=1", "eval.max_new_tokens=1"])
     model = model.to(args.device)
     reference = copy.deepcopy(model).eval().requires_grad_(False)  # π_ref, as every run keeps it (tba.run.build)
     pad = type("Tok", (), {"pad_token_id": 0})()
@@ -105,6 +108,12 @@ def child(args: argparse.Namespace) -> dict:
         for p in trainer.ranks.procs:
             peaks.append((_rss_mb(p.pid, "VmHWM"), base))  # rank 0 baseline: both processes import the same modules
     gpu = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    peak = args.peak_tflops
+    if peak is None and args.device.startswith("cuda") and any(n in torch.cuda.get_device_name() for n in
+                                                                ("H100", "H200")):
+        peak = 989.0  # dense bf16 tensor-core peak of the H100/H200 SXM
+    tokens_s = 2 * 2 * (args.prompt + args.response) / statistics.median(times[1:] or times)
+    mfu = 6 * params * tokens_s / (peak * 1e12) if peak else None  # 6·N FLOPs per trained token (no attention term)
     estimate = plan_estimate(cfg, world) if args.child != "fsdp1" else None
     trainer.close()
     tokens = 2 * 2 * (args.prompt + args.response)
@@ -112,7 +121,7 @@ def child(args: argparse.Namespace) -> dict:
             "step_s": statistics.median(times[1:] or times), "tokens_per_s": tokens / statistics.median(
                 times[1:] or times), "peak_rss_gb": [p / 1024 for p, _ in peaks],
             "own_gb": [(p - b) / 1024 for p, b in peaks], "gpu_peak_gb": gpu, "publish_s": publish,
-            "plan_gb": estimate}
+            "plan_gb": estimate, "mfu": mfu}
 
 
 def plan_estimate(cfg, world: int) -> list[float]:
@@ -144,8 +153,10 @@ def table(rows: list[dict], buckets: list[float]) -> str:
                    f"{r['tokens_per_s']:.0f} | {each(r['peak_rss_gb'])} | {each(r['own_gb'])} | "
                    f"{each(r.get('plan_gb'))} | {each(ratio)} | {each(r['steps_s'])} |")
     if any(r["gpu_peak_gb"] is not None for r in rows):
-        out += ["", "| variant | rank 0 torch.cuda.max_memory_allocated (GB) |", "|---|---|"]
-        out += [f"| {r['variant']} | {r['gpu_peak_gb']:.2f} |" for r in rows]
+        out += ["", "| variant | rank 0 torch.cuda.max_memory_allocated (GB) | MFU (6·N·tokens/s ÷ peak) |",
+                "|---|---|---|"]
+        out += [f"| {r['variant']} | {r['gpu_peak_gb']:.2f} | "
+                f"{'—' if r.get('mfu') is None else format(r['mfu'], '.1%')} |" for r in rows]
     sharded = [r for r in rows if r["publish_s"]]
     if sharded:
         out += ["", "Gathering the weights for the searchers (sync_copy: every unit unsharded, copied out by rank 0), "
@@ -163,7 +174,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--hidden", type=int, default=1536)
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=None, help="default: heads / 4")
+    ap.add_argument("--intermediate", type=int, default=None, help="default: 11/4 of hidden")
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the device's dense peak for MFU (default on an H100/H200: 989 bf16 TFLOP/s)")
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--response", type=int, default=48)
     ap.add_argument("--steps", type=int, default=4)
@@ -193,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / "row.json"
             cmd = [sys.executable, "-m", "bench.perf.sharded", "--child", variant, "--json", str(out),
                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--heads", str(args.heads),
-                   "--vocab", str(args.vocab), "--prompt", str(args.prompt), "--response", str(args.response),
+                   "--vocab", str(args.vocab), *(["--kv-heads", str(args.kv_heads)] if args.kv_heads else []),
+                   *(["--intermediate", str(args.intermediate)] if args.intermediate else []),
+                   "--prompt", str(args.prompt), "--response", str(args.response),
                    "--steps", str(args.steps), "--dtype", args.dtype, "--device", args.device, "--threads",
                    str(args.threads), "--buckets", *map(str, args.buckets)]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)

@@ -45,6 +45,7 @@ SCRIPTS = [
     pytest.param("bench.perf.startup", STD, "result.md", marks=slow),
     pytest.param("bench.perf.quantized_sampler", "--repeats 1 --results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.plan_memory", "--results {tmp}/result.md", "result.md"),
+    pytest.param("bench.perf.sharded", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sampler", "--backends raw before hf --results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.soak", "--out {tmp}/result", "result.md", marks=slow),
     pytest.param("bench.perf.first_run", "--results {tmp}/result.md", "result.md", marks=[slow, no_venv]),

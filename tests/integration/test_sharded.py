@@ -83,6 +83,7 @@ def test_a_killed_two_rank_run_resumes_at_two_ranks_and_at_one_and_the_next_upda
     assert not any(alive(p) for p in ranks), "a trainer rank outlived the killed rank 0"
     ckpt = int((killed / "checkpoints" / "latest").read_text().split("_")[1])
     assert ckpt % 4 == 0 and max(losses(killed)) > ckpt  # updates after the checkpoint were lost
+    assert main(["export", str(killed), str(tmp_path / "exported")]) == 0  # from the sharded checkpoint's model/
     for world in (2, 1):
         out = tmp_path / f"resumed{world}"
         shutil.copytree(killed, out)

@@ -61,6 +61,7 @@ def test_two_ranks_update_as_one_process(source, tiny_tokenizer, objective):
     whole = load_model(str(source))
     sharded = build_trainer(cfg, whole, load_model(str(source)).eval(), tiny_tokenizer, str(source))
     try:
+        assert sharded.model.lm_head.weight is sharded.model.model.embed_tokens.weight  # still tied once sharded
         for draws in _batches(3, len(tiny_tokenizer)):
             a, b = single.step(copy.deepcopy(draws)), sharded.step(copy.deepcopy(draws))
             for key in ("trainer/loss", "trainer/grad_norm", "trainer/residual_std", "trainer/log_z_mean"):
@@ -93,3 +94,27 @@ def test_two_ranks_train_lora_adapters_as_one_process(source, tiny_tokenizer):
         assert max(_relative(published[k], mine[k]) for k in mine) <= 1e-5
     finally:
         sharded.close()
+
+
+def test_activation_checkpointing_changes_no_update_and_bf16_compute_stays_close(source, tiny_tokenizer):
+    """fsdp.activation_checkpointing recomputes each layer in backward: the same update to 1e-5; bf16 gathered
+    weights (fsdp.param_dtype) over fp32 master weights: close to the fp32 update, not equal."""
+    single = Trainer(load_model(str(source)), **trainer_args(_cfg(source), None, tiny_tokenizer.pad_token_id))
+    batches = _batches(2, len(tiny_tokenizer))
+    for draws in batches:
+        single.step(copy.deepcopy(draws))
+    mine = single.model.state_dict()
+    for overrides, bound in ((["trainer.fsdp.activation_checkpointing=true"], 1e-5),
+                             (["trainer.fsdp.param_dtype=bfloat16"], 0.2)):
+        sharded = build_trainer(_cfg(source, *overrides), load_model(str(source)), None, tiny_tokenizer, str(source))
+        try:
+            for draws in batches:
+                sharded.step(copy.deepcopy(draws))
+            published = sharded.weights()
+            assert published.keys() == mine.keys() and all(v.dtype == torch.float32 for v in published.values())
+            worst = max(_relative(published[k].float(), mine[k]) for k in mine)
+            assert worst <= bound, (overrides, worst)
+            if bound > 1e-5:
+                assert worst > 1e-5  # bf16 forward and backward did change the update
+        finally:
+            sharded.close()

@@ -275,10 +275,13 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]],
     # tokenizers) is then applied to `keep` positions instead of L — much less time and memory
     first = min(len(p) for p in prompts) - 1
     keep = length - first
+    # use_cache=False: scoring needs no KV cache, and a cache would grow again when activation checkpointing
+    # recomputes a layer in backward (trainer.fsdp.activation_checkpointing)
     try:
-        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), logits_to_keep=keep).logits
+        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), logits_to_keep=keep,
+                       use_cache=False).logits
     except TypeError:  # a model without `logits_to_keep`
-        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits
+        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits
     if logits.shape[1] != keep:  # the argument was ignored: all L positions came back
         logits = logits[:, first:]
     logits = logits.float()  # [N, keep, V]: logits[:, j] predicts token first + j + 1

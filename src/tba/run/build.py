@@ -17,7 +17,8 @@ import os
 import sqlite3
 from pathlib import Path
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from tba.algorithm.buffer import ReplayBuffer
 from tba.algorithm.loop import LoopSettings
@@ -32,6 +33,7 @@ from tba.algorithm.trainer import Trainer
 from tba.config import RunConfig
 from tba.config.schema import SearchConfig, SearcherGroup
 from tba.models import (
+    DTYPES,
     apply_lora,
     load_model,
     load_tokenizer,
@@ -41,6 +43,7 @@ from tba.models import (
     synced_tensors,
 )
 from tba.models.builtin import build_tiny_model, train_tokenizer
+from tba.models.shape import source_config
 from tba.models.sources import resolve_source
 from tba.plugins import load_object
 from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
@@ -235,8 +238,9 @@ def trainer_args(cfg: RunConfig, reference, pad_id: int) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class RankBuild:
-    """How trainer ranks 1..N−1 build their part in their own process (picklable): the policy's architecture
-    from the start `source` (rank 0's weights are broadcast over it) and the trainer's arguments from the config."""
+    """How every trainer rank builds its part (picklable: ranks 1..N−1 build it in their own process): the policy's
+    architecture from the start `source`'s config on the meta device — no rank ever holds a second whole copy of the
+    weights: its shards are filled from rank 0's policy (tba.runtime.ranks) — and the trainer's arguments."""
 
     cfg: RunConfig
     source: str
@@ -244,12 +248,13 @@ class RankBuild:
 
     def __call__(self, device) -> tuple:
         m = self.cfg.model
-        policy = load_model(self.source, m.dtype)
-        reference = None
-        if OBJECTIVES[self.cfg.objective].owns_reference:
-            reference = copy.deepcopy(policy).to(device).eval().requires_grad_(False)  # rank 0's is broadcast
-        if m.lora.enabled:
-            policy = apply_lora(policy, m.lora)
+        with torch.device("meta"):
+            policy = AutoModelForCausalLM.from_config(source_config(self.source), dtype=DTYPES[m.dtype])
+            reference = None
+            if OBJECTIVES[self.cfg.objective].owns_reference:
+                reference = copy.deepcopy(policy).eval().requires_grad_(False)  # rank 0's weights are broadcast
+            if m.lora.enabled:
+                policy = apply_lora(policy, m.lora)
         return policy, trainer_args(self.cfg, reference, self.pad_id)
 
 

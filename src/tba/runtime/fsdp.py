@@ -142,6 +142,18 @@ def load_full(model: torch.nn.Module, state: dict[str, torch.Tensor] | None) -> 
     set_model_state_dict(model, state or {}, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
+def broadcast_buffers(model: torch.nn.Module, whole: torch.nn.Module | None) -> None:
+    """Every buffer of the sharded `model` (FSDP leaves buffers whole; after `to_empty` they hold garbage, the
+    rotary embeddings' non-persistent ones included) from rank 0's `whole` policy (None on the other ranks)."""
+    if whole is not None:
+        theirs = {_clean(k): v for k, v in whole.named_buffers()}
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                buffer.copy_(theirs[_clean(name)])
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+
+
 def grad_norm(model: torch.nn.Module) -> torch.Tensor:
     """The L2 norm of the whole (sharded) gradient, the same on every rank."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]

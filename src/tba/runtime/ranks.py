@@ -19,7 +19,6 @@ needs it (`sync_copy`) — at a publication it is updated anyway.
 
 from __future__ import annotations
 
-import copy as copy_lib
 import logging
 import os
 import queue
@@ -225,14 +224,20 @@ def backend(device: torch.device) -> str:
 
 
 def make_trainer(a: RankArgs, model, args: dict, whole=None, ranks=None) -> ShardedTrainer:
-    """Shard `model`, give every rank rank 0's weights (and π_ref, for an objective that keeps its own), and make
-    the trainer over the shards. Collective: every rank, in this order."""
-    model = fsdp.shard(model.to(a.device), a.parts.fsdp, dtype=a.parts.dtype, device=a.device)
+    """Shard `model` (built on the meta device: tba.run.build.RankBuild), allocate this rank's shards and fill them
+    from rank 0's whole policy `whole` (None on the other ranks), its buffers and — for an objective that keeps its own
+    π_ref — that reference too; then make the trainer over the shards. Collective: every rank, in this order."""
+    model = fsdp.shard(model, a.parts.fsdp, dtype=a.parts.dtype, device=a.device)
+    model.to_empty(device=a.device)
     fsdp.load_full(model, whole.state_dict() if whole is not None else None)
+    fsdp.broadcast_buffers(model, whole)
     reference = args.get("reference")
     if reference is not None:
-        for tensor in reference.model.state_dict().values():
-            dist.broadcast(tensor, src=0)
+        if a.rank != 0:
+            reference.model.to_empty(device=a.device)
+            reference.model.tie_weights()  # to_empty unties a tied head; rank 0's is tied
+        for tensor in [*reference.model.parameters(), *reference.model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
     return ShardedTrainer(model, rank=a.rank, world=a.world, parts=a.parts, ranks=ranks, whole=whole, **args)
 
 
@@ -363,7 +368,8 @@ def start(parts: RankParts, *, world: int, devices: list[torch.device], whole: t
     try:
         dist.init_process_group(backend(devices[0]), rank=0, world_size=world, init_method=address,
                                 timeout=_timedelta(parts.fsdp.collective_timeout_s))
-        trainer = make_trainer(a, copy_lib.deepcopy(whole), trainer_args, whole=whole, ranks=ranks)
+        skeleton, _ = parts.build(devices[0])
+        trainer = make_trainer(a, skeleton, trainer_args, whole=whole, ranks=ranks)
     except Exception as e:
         raise ranks.failure("start", e) from None
     ranks.answers("start", what="ready")
