@@ -12,8 +12,8 @@ averaging reduce-scatter yields the sum over ranks — the full-batch gradient o
 (Setting the divide factor to 1 instead needs ReduceOp.PREMUL_SUM, which gloo does not have.)
 
 Publication gathers whole FSDP units (`unshard`: FSDP's own all-gather, one per unit), grouped into buckets of
-`publish_bucket_mb`: every rank waits for a bucket's gathers, rank 0 copies the tensors out, every rank frees them
-(`reshard`) before the next bucket. All gathers complete before rank 0 hands anything to a transport, so a
+`publish_bucket_mb`: every rank waits for a bucket's gathers, rank 0 copies the tensors into its whole copy of the
+policy, every rank frees them (`reshard`) before the next bucket. All gathers complete before rank 0 hands anything to a transport, so a
 transport's own group (the broadcast transport's) never interleaves with the trainer's (TRL #7103's deadlock).
 The gathered tensors are the units' forward weights (fsdp.param_dtype): what the trainer scores is what the
 searchers sample.
@@ -91,11 +91,11 @@ def _bytes(unit: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in unit.parameters(recurse=False))
 
 
-def gather(model: torch.nn.Module, names: list[str], *, bucket_mb: float, dtype: torch.dtype,
-           keep: bool) -> dict[str, torch.Tensor]:
-    """The full tensors of parameters `names` (in that order), gathered bucket by bucket; `keep` (rank 0) copies
-    them out in `dtype`, the other ranks only take part. Buffers and unsharded parameters are read as they are."""
-    wanted, out = set(names), {}
+def gather(model: torch.nn.Module, into: dict[str, torch.Tensor] | None, *, bucket_mb: float) -> None:
+    """Copy the full tensors of the parameters named in `into` (rank 0: the whole copy's own tensors, cast on copy;
+    None on the other ranks, which only take part) from the shards, bucket by bucket: no rank holds more than one
+    bucket of gathered weights beyond what it keeps. Buffers and parameters FSDP left whole are read as they are."""
+    wanted, done = set(into or ()), set()
     units, limit = _units(model), bucket_mb * 2**20
     buckets, size = [[]], 0
     for prefix, unit in units:
@@ -104,27 +104,26 @@ def gather(model: torch.nn.Module, names: list[str], *, bucket_mb: float, dtype:
             size = 0
         buckets[-1].append((prefix, unit))
         size += _bytes(unit)
-    for bucket in buckets:
-        handles = [unit.unshard(async_op=True) for _, unit in bucket]
-        for h in handles:
-            if h is not None:
-                h.wait()
-        try:
-            if keep:
+    with torch.no_grad():
+        for bucket in buckets:
+            handles = [unit.unshard(async_op=True) for _, unit in bucket]
+            for h in handles:
+                if h is not None:
+                    h.wait()
+            try:
                 for prefix, unit in bucket:
                     for name, p in _own(unit, prefix, wanted):
-                        out.setdefault(name, p.detach().to(dtype=dtype, copy=True))
-        finally:
-            for _, unit in bucket:
-                unit.reshard()
-    if keep:
-        state = {_clean(k): v for k, v in model.state_dict().items()}
-        for name in names:  # buffers (never sharded) and anything FSDP left whole
-            if name not in out:
+                        if name not in done:
+                            into[name].copy_(p)
+                            done.add(name)
+            finally:
+                for _, unit in bucket:
+                    unit.reshard()
+        if into is not None:
+            state = {_clean(k): v for k, v in model.state_dict().items()}
+            for name in wanted - done:  # buffers (never sharded) and anything FSDP left whole
                 v = state[name]
-                out[name] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().to(dtype=dtype, copy=True)
-        return {name: out[name] for name in names}
-    return {}
+                into[name].copy_(v.full_tensor() if isinstance(v, DTensor) else v)
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -40,7 +40,7 @@ from tba.algorithm.trainer import Trainer, _Tally
 from tba.algorithm.types import Draw
 from tba.config.fsdp import FSDPConfig
 from tba.errors import UserError
-from tba.models import load_synced, synced_tensors
+from tba.models import synced_tensors
 from tba.runtime import fsdp
 from tba.runtime.lifetime import Child, Lifeline
 
@@ -93,6 +93,13 @@ class RankGroup(Protocol):
         """End every other rank and the trainer's process group."""
 
 
+def stopped(group: RankGroup, command: str, why: str) -> TrainerRankError:
+    """End every rank of `group` and say why, naming the command it failed in and the way back."""
+    group.close()
+    return TrainerRankError(f"{why} (during {command!r}); every rank is stopped. `tba train --resume RUN_DIR` "
+                            "continues from the last checkpoint")
+
+
 class ShardedTrainer(Trainer):
     """One rank's trainer: the algorithm's Trainer on its shard of the policy and its share of each batch. On
     rank 0 it is also the run's trainer, and each public call first tells the other ranks to do the same."""
@@ -104,7 +111,6 @@ class ShardedTrainer(Trainer):
         super().__init__(model, **trainer_args)
         self.rank, self.world, self.parts, self.ranks = rank, world, parts, ranks
         self.copy, self.copy_version = whole, 0
-        self.names = list(synced_tensors(whole).keys()) if whole is not None else []
 
     # ---- rank 0: the run's trainer ----------------------------------------------------------------------------
     def step(self, draws: list[Draw]) -> dict[str, float]:
@@ -119,8 +125,7 @@ class ShardedTrainer(Trainer):
         """Gather the shards into the whole copy if it is behind (`force`: anyway, e.g. to time it; `bucket_mb`:
         another bucket size than trainer.fsdp.publish_bucket_mb, for every rank)."""
         if force or self.copy_version != self.version:
-            gathered = self._together("gather", bucket_mb, lambda: self.gather(bucket_mb))
-            load_synced(self.copy, gathered)
+            self._together("gather", bucket_mb, lambda: self.gather(bucket_mb))
             self.copy_version = self.version
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -166,10 +171,10 @@ class ShardedTrainer(Trainer):
             return fsdp.load_full_optimizer(self.model, self.optimizer, state)
         raise ValueError(f"unknown trainer command {command!r}")
 
-    def gather(self, bucket_mb: float | None = None) -> dict[str, torch.Tensor]:
-        dtype = fsdp.DTYPES[self.parts.dtype]
-        return fsdp.gather(self.model, self.names, bucket_mb=bucket_mb or self.parts.fsdp.publish_bucket_mb,
-                           dtype=dtype, keep=self.rank == 0)
+    def gather(self, bucket_mb: float | None = None) -> None:
+        """Rank 0: the whole copy's synced tensors filled from the shards, in place; other ranks: their part."""
+        into = synced_tensors(self.copy) if self.copy is not None else None
+        fsdp.gather(self.model, into, bucket_mb=bucket_mb or self.parts.fsdp.publish_bucket_mb)
 
     def share(self, draws: list[Draw]) -> list[Draw]:
         n = len(draws) // self.world
@@ -323,9 +328,7 @@ class LocalRanks:
                 raise self._error(command, f"rank {r} (pid {p.pid}) died (exit code {p.reported_exitcode()})")
 
     def _error(self, command: str, why: str) -> TrainerRankError:
-        self.close()
-        return TrainerRankError(f"{why} (during {command!r}); every rank is stopped. `tba train --resume RUN_DIR` "
-                                "continues from the last checkpoint")
+        return stopped(self, command, why)
 
     def close(self) -> None:
         for q in self.commands:

@@ -15,7 +15,15 @@ import socket
 
 import torch
 
-from tba.runtime.ranks import RankArgs, RankParts, TrainerRankError, backend, free_address, make_trainer
+from tba.runtime.ranks import (
+    RankArgs,
+    RankParts,
+    TrainerRankError,
+    backend,
+    free_address,
+    make_trainer,
+    stopped,
+)
 from tba.runtime.ray import connect, ray
 
 
@@ -77,9 +85,7 @@ class RayRanks:
         return self._error(command, f"rank 0's collective failed: {type(cause).__name__}: {cause}")
 
     def _error(self, command: str, why: str) -> TrainerRankError:
-        self.close()
-        return TrainerRankError(f"{why} (during {command!r}); every rank is stopped. `tba train --resume RUN_DIR` "
-                                "continues from the last checkpoint")
+        return stopped(self, command, why)
 
     def close(self) -> None:
         import torch.distributed as dist
