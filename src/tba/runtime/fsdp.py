@@ -13,8 +13,9 @@ averaging reduce-scatter yields the sum over ranks — the full-batch gradient o
 
 Publication gathers whole FSDP units (`unshard`: FSDP's own all-gather, one per unit), grouped into buckets of
 `publish_bucket_mb`: every rank waits for a bucket's gathers, rank 0 copies the tensors into its whole copy of the
-policy, every rank frees them (`reshard`) before the next bucket. All gathers complete before rank 0 hands anything to a transport, so a
-transport's own group (the broadcast transport's) never interleaves with the trainer's (TRL #7103's deadlock).
+policy, every rank frees them (`reshard`) before the next bucket. All gathers complete before rank 0 hands anything
+to a transport, so a transport's own group (the broadcast transport's) never interleaves with the trainer's (TRL
+#7103's deadlock).
 The gathered tensors are the units' forward weights (fsdp.param_dtype): what the trainer scores is what the
 searchers sample.
 """
