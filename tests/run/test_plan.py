@@ -41,7 +41,7 @@ def test_trainer_terms_by_hand_and_divided_over_two_ranks():
     assert term(one, "AdamW moments") == 2 * PARAMS * 4
     assert term(one, "π_ref") == PARAMS * 4
     two = make_plan(load_config(None, [*SMALL, "trainer.world_size=2", "trainer.fsdp.devices=cpu",
-                                       "trainer.prompts_per_step=8"]), ROOMY)
+                                       "trainer.prompts_per_step=8", "runtime=local"]), ROOMY)
     for rank in (0, 1):
         r = occupant(two, f"trainer rank {rank}")
         assert term(r, "parameters") == PARAMS * 4 // 2
