@@ -294,6 +294,26 @@ def test_max_replay_ratio_holds_when_one_update_draws_more_than_a_search_batch(h
     assert len(ratios) == 5 and max(ratios) <= 2.0 and ratios[-1] == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("extra, fired", [([], []), (["trainer.replay_warning=2"], ["2.0", "4.0"]),
+                                          (["trainer.replay_warning=2", "trainer.max_replay_ratio=2"], []),
+                                          (["trainer.replay_warning=0.1", "mode=sync"], [])])
+def test_a_trainer_far_ahead_of_its_searchers_warns_once_then_as_the_ratio_doubles(harness, caplog, extra, fired):
+    """B·K = 4 draws per update on 8 prefilled samples, then nothing unless the loop waits: the ratio is u/2 after u
+    updates. Past trainer.replay_warning it warns, again at twice the ratio; never under it (default 8), with
+    max_replay_ratio (the trainer waits instead) or in sync mode (every step waits)."""
+    make, _ = harness
+    run, _, logger = make(steps=12, extra=extra)
+    run.runtime.collect = lambda block, original=run.runtime.collect: original(block) if block else []
+    run.runtime.report = lambda: RuntimeReport({"searcher/restarts": 0, "episode/ended_done": 7.0,
+                                                "episode/ended_timeout": 3.0}, [{}], [{"rank": 0}], None)
+    totals = run.run()
+    warnings = [r.getMessage() for r in caplog.records if "replaying far ahead" in r.getMessage()]
+    assert [w.split("replay ratio ")[1].split("×")[0] for w in warnings] == fired
+    assert not warnings or "16 draws from 8 samples" in warnings[0] and "3 timeout" in warnings[0]
+    assert totals.replay_ratio == pytest.approx(logger.lines[-1][1]["trainer/replay_ratio"])
+    assert totals.episodes_ended == {"done": 7, "timeout": 3}
+
+
 def test_an_update_with_nothing_young_enough_waits_for_fresh_samples(harness):
     """buffer.max_sample_age: once every buffered sample is too old, the next update blocks for fresh ones
     instead of training on them (the searcher here delivers only when the loop waits)."""

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from tba.algorithm.buffer import NothingYoungEnough, ReplayBuffer
 from tba.algorithm.metrics import step_metrics
-from tba.algorithm.monitor import Monitor
+from tba.algorithm.monitor import Monitor, episodes_ended, replay_threshold
 from tba.algorithm.runtime import Runtime
 from tba.algorithm.state import CheckpointState, Evaluation, RunState, RunTotals
 from tba.algorithm.trainer import Trainer
@@ -59,6 +59,8 @@ class LoopSettings:
     """trainer.max_replay_ratio R (async): wait for fresh samples rather than pass it."""
     sync_mode: bool
     """mode=sync: every step waits for fresh groups."""
+    replay_warning: float | None = None
+    """trainer.replay_warning (async, unbounded): warn when the replay ratio passes it (None: never)."""
 
 
 # ---- what the loop is given besides the algorithm's parts (tba.run makes them) --------------------------------
@@ -134,6 +136,8 @@ class Loop:
         self.last_ckpt = state.step if resumed else None
         self.consistent = True  # False while an update is half applied: no exit checkpoint then
         self.started = False  # searchers started: only then is there anything to checkpoint at exit
+        self.replay_warn_at = replay_threshold(settings.replay_warning, max_replay_ratio=settings.max_replay_ratio,
+                                               sync=settings.sync_mode, searchers=runtime.searchers)
 
     # ---- the algorithm -------------------------------------------------------------------------------------
     def run(self) -> RunTotals:
@@ -151,7 +155,8 @@ class Loop:
                 metrics = self.step()
                 progress.update(state.step, reward=state.rewards_seen[-1] if state.rewards_seen else float("nan"),
                                 score=state.evals[-1].score, beta=metrics["trainer/beta"],
-                                tokens_per_s=metrics["trainer/tokens_per_s"], staleness=metrics["staleness/mean"])
+                                tokens_per_s=metrics["trainer/tokens_per_s"], staleness=metrics["staleness/mean"],
+                                replay=metrics["trainer/replay_ratio"] if state.received else float("nan"))
                 every = settings.checkpoint_every_steps
                 if every and state.step % every == 0 and state.step < settings.steps:
                     self.checkpoint()
@@ -246,6 +251,8 @@ class Loop:
             extra.update({f"eval/{k}": v for k, v in evaluation.items()})
         report = self.runtime.report()
         self.warn(self.monitor.dropped_samples(report))
+        self.warn(self.monitor.replay_ahead(self.replay_ratio(), self.replay_warn_at, received=state.received,
+                                            drawn=self.drawn(), ended=episodes_ended(report.stats)))
         metrics = step_metrics({**update, **extra}, draws=draws, version=version, buffer=self.buffer, fresh=fresh,
                                received=state.received, busy_fraction=self.monitor.busy_fraction(state.busy_s),
                                searchers=report.stats, wall_clock_s=self.monitor.wall_s(), sources=state.sources,
@@ -253,12 +260,15 @@ class Loop:
         self.metrics.log(state.step, metrics)
         return metrics
 
+    def drawn(self, updates: int | None = None) -> int:
+        """Samples the trainer has drawn after `updates` (default: so far): B·K each."""
+        updates = self.state.step if updates is None else updates
+        return updates * self.settings.prompts_per_step * self.settings.samples_per_prompt
+
     def replay_ratio(self, updates: int | None = None) -> float:
         """Samples the trainer has drawn (after `updates`, default: so far) per sample the searchers delivered
         (> 1: replay)."""
-        settings = self.settings
-        updates = self.state.step if updates is None else updates
-        return updates * settings.prompts_per_step * settings.samples_per_prompt / max(self.state.received, 1)
+        return self.drawn(updates) / max(self.state.received, 1)
 
     def over_replay(self) -> bool:
         """trainer.max_replay_ratio R: an async trainer may take its next update only if the ratio after it is
@@ -284,7 +294,9 @@ class Loop:
         report = self.runtime.report()
         restarts, dropped = self.monitor.counters(report)
         return RunTotals(restarts, dropped, report.placement, self.monitor.busy_fraction(self.state.busy_s),
-                         self.monitor.wall_s(), self.monitor.train_s(), self.monitor.startup_s)
+                         self.monitor.wall_s(), self.monitor.train_s(), self.monitor.startup_s,
+                         self.replay_ratio() if self.state.received else None,
+                         episodes_ended(report.stats))
 
     def checkpoint(self) -> None:
         t = self.totals()

@@ -2,9 +2,10 @@
 
 Clocks: wall-clock seconds since the run started (start-up included), training seconds (evaluation excluded)
 and the trainer's busy fraction (updating, not waiting), each summed over the run's resumed segments. Warnings:
-an async trainer that keeps drawing from an aging buffer because no fresh samples come, and samples dropped
-because their reward raised or was not finite. Kept apart from tba.algorithm.loop so that the loop reads as the order
-of operations and nothing else.
+an async trainer that keeps drawing from an aging buffer because no fresh samples come, one that replays far ahead of
+its searchers (each sample drawn many times: too few searchers, or an environment that times out), and samples
+dropped because their reward raised or was not finite. Kept apart from tba.algorithm.loop so that the loop reads as
+the order of operations and nothing else.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Monitor:
         self.startup_s = 0.0
         self.freshness = LearntTimeout(NO_FRESH_WARN_S, NO_FRESH_FLOOR_S)
         self.warned_no_fresh, self.warned_dropped = False, 0
+        self.warned_replay = 0.0
+        """The replay ratio of the last replay warning (0: none yet): the next one waits until it doubles."""
 
     # ---- clocks ------------------------------------------------------------------------------------------
     def training_starts(self) -> None:
@@ -93,3 +96,37 @@ class Monitor:
         new, self.warned_dropped = dropped - self.warned_dropped, dropped
         return (f"{new} samples dropped: reward raised or was not finite (total {dropped}); "
                 f"last: {report.reward_error or '?'}")
+
+    def replay_ahead(self, ratio: float, threshold: float | None, *, received: int, drawn: int,
+                     ended: dict[str, int]) -> str | None:
+        """A warning when the trainer replays far ahead of its searchers: its replay ratio (draws per sample
+        received) has passed `threshold` (trainer.replay_warning; None: never, as when the loop is sync or
+        trainer.max_replay_ratio bounds the ratio — `replay_threshold`). Once, then again only when the ratio has
+        doubled since the last warning, so that a long run says it a handful of times, not every step. `ended`:
+        multi-turn episodes by end reason (`episodes_ended`), to say how many timed out or failed."""
+        if threshold is None or ratio < max(threshold, 2 * self.warned_replay):
+            return None
+        self.warned_replay = ratio
+        failed = ", ".join(f"{ended[r]} {r}" for r in ("timeout", "error", "bad_observation") if ended.get(r))
+        faster = (f"make the environment faster (of {sum(ended.values())} episodes: {failed}; a failed episode "
+                  f"brings no sample)" if failed else "make the environment or generation faster")
+        return (f"the trainer is replaying far ahead of its searchers: replay ratio {ratio:.1f}× ({drawn} draws from "
+                f"{received} samples received, each drawn ≈ {ratio:.0f} times). Set trainer.max_replay_ratio (the "
+                f"trainer then waits for fresh samples), add searchers (search.num_searchers) or {faster}; "
+                f"trainer.replay_warning sets this warning's threshold")
+
+
+def replay_threshold(replay_warning: float | None, *, max_replay_ratio: float | None, sync: bool,
+                     searchers: int) -> float | None:
+    """The replay ratio past which the loop warns: none when nothing can run ahead (sync mode, where every step
+    waits for fresh groups; no searchers, an offline run) or when trainer.max_replay_ratio already bounds it."""
+    if sync or not searchers or max_replay_ratio is not None:
+        return None
+    return replay_warning
+
+
+def episodes_ended(stats: dict[str, float]) -> dict[str, int]:
+    """Multi-turn episodes by end reason ({"done": n, "timeout": n, …}) from the searchers' `episode/ended_<reason>`
+    counters in RuntimeReport.stats; {} for a single-turn run."""
+    prefix = "episode/ended_"
+    return {k[len(prefix):]: int(v) for k, v in stats.items() if k.startswith(prefix)}

@@ -115,3 +115,8 @@ class RunTotals:
     startup_s: float = 0.0
     """Seconds from the (last) segment's start to its training clock's: models built, searchers launched and
     ready, evaluation excluded. A launch-to-accuracy clock is startup_s + train_wall_clock_s."""
+    replay_ratio: float | None = None
+    """Samples drawn per sample received at the end: updates·B·K / samples received (None: none received, an
+    offline run)."""
+    episodes_ended: dict[str, int] = field(default_factory=dict)
+    """Multi-turn runs: episodes by end reason, as the searchers last reported them ({} for single-turn)."""

@@ -264,6 +264,11 @@ class TrainerConfig:
     max_replay_ratio: float | None = setting(None, positive_or_none)
     """Async: draws per sample received (B·K·updates / samples received) may not exceed this; an update that
     would pass it waits for fresh samples first. None = never wait (the paper's loop)."""
+    replay_warning: float | None = setting(8.0, positive_or_none)
+    """Async without max_replay_ratio: warn (once, then each time it doubles) when the replay ratio passes this, with
+    what to do. 8: each sample drawn eight times on average is well past what an outpaced but working async run
+    reaches (under 3 in docs/results.md, "A bound on replay"); so far past it, the searchers are too few or too
+    slow (an environment that times out) and the trainer mostly re-fits old samples. None = never warn."""
     world_size: int = setting(1, positive)
     """Trainer ranks. 1 = one process, no torch.distributed. N > 1 = N processes (gloo on CPU, NCCL on GPUs)
     sharding the policy, its gradients and Adam's moments with FSDP2 (`trainer.fsdp`); B must divide by N."""

@@ -387,7 +387,8 @@ def loop_settings(cfg: RunConfig) -> LoopSettings:
     return LoopSettings(steps=t.steps, prompts_per_step=t.prompts_per_step, samples_per_prompt=t.samples_per_prompt,
                         sync_every_steps=t.sync_every_steps, prefill_samples=cfg.buffer.prefill_samples,
                         eval_every_steps=cfg.eval.every_steps, checkpoint_every_steps=cfg.checkpoint.every_steps,
-                        max_replay_ratio=t.max_replay_ratio, sync_mode=cfg.mode == "sync")
+                        max_replay_ratio=t.max_replay_ratio, sync_mode=cfg.mode == "sync",
+                        replay_warning=t.replay_warning)
 
 
 def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:

@@ -80,9 +80,11 @@ class RunProgress:
         self._progress.stop()
 
     def update(self, step: int, *, reward: float, score: float, beta: float, tokens_per_s: float,
-               staleness: float = float("nan")) -> None:
+               staleness: float = float("nan"), replay: float = float("nan")) -> None:
+        """`replay`: draws per sample received (tba.algorithm.loop.Loop.replay_ratio), shown so that a trainer
+        running far ahead of its searchers is visible before the warning, not only in metrics.jsonl."""
         info = (f"reward {reward:.3f} · eval {score:.3f} · β {beta:.4g} · staleness {staleness:.1f} · "
-                f"{tokens_per_s:,.0f} tok/s")
+                f"replay {replay:.1f}× · {tokens_per_s:,.0f} tok/s")
         self._progress.update(self._task, completed=step, info=info)
         now = time.monotonic()
         if self.plain and (now - self._last >= self.plain_every_s or step == self.total):
@@ -183,6 +185,11 @@ def print_summary(summary: dict) -> None:
                   f"{summary['samples_received']}", "")
     table.add_row("wall clock (total / training)", "", f"{summary['wall_clock_s']:.0f}s / "
                   f"{summary['train_wall_clock_s']:.0f}s", "")
+    if summary.get("replay_ratio") is not None:
+        table.add_row("replay (draws per sample received)", "", f"{summary['replay_ratio']:.1f}×", "")
+    if summary.get("episodes_ended"):  # multi-turn: timeouts and errors apart, each a different fix
+        table.add_row("episodes ended", "", ", ".join(f"{n} {reason}" for reason, n in summary["episodes_ended"].items()
+                                                      if n or reason in ("timeout", "error")), "")
     events = {"searcher restarts": summary.get("searcher_restarts"), "updates skipped (non-finite)":
               summary.get("skipped_steps"), "samples dropped (bad reward)": summary.get("samples_dropped_bad_reward"),
               "prompts over the length limit": summary.get("prompts_too_long"),

@@ -42,6 +42,8 @@ def run_summary(state, run, totals: RunTotals) -> dict:
         **({"data": run.data} if run.data else {}),
         "buffer_data_samples": buffer.data_size,
         "trainer_busy_fraction": t.busy_fraction,
+        "replay_ratio": t.replay_ratio,
+        **({"episodes_ended": t.episodes_ended} if t.episodes_ended else {}),
         **run.identity,
         "searchers": t.placement,
         "evals": [(e.step, e.score, e.train_s) for e in state.evals],
