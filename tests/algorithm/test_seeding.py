@@ -9,7 +9,7 @@ from paths import TINY
 
 from tba.config import load_config
 from tba.models import save_checkpoint
-from tba.run.build import build_runtime, searcher_specs
+from tba.run.searchers import build_runtime, searcher_specs
 from tba.runtime.searcher_spec import ModelSources
 from tba.runtime.worker import build_searcher
 

@@ -9,7 +9,8 @@ from paths import TINY as TINY_RECIPE
 from tba.algorithm.store import BufferStore
 from tba.config import load_config
 from tba.models import save_checkpoint
-from tba.run.build import build_models, build_task, searcher_specs
+from tba.run.build import build_models, build_task
+from tba.run.searchers import searcher_specs
 from tba.run.train import train
 from tba.runtime.searcher_spec import ModelSources
 

@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import functools
 import logging
-import os
 import sqlite3
 from pathlib import Path
 
@@ -26,12 +25,11 @@ from tba.algorithm.objectives import OBJECTIVES
 from tba.algorithm.objectives.tb import beta_schedule
 from tba.algorithm.objectives.tba_prime import ResettingReference
 from tba.algorithm.runtime import Runtime
-from tba.algorithm.seeding import rng_isolated, searcher_seed
+from tba.algorithm.seeding import rng_isolated
 from tba.algorithm.state import RunState
 from tba.algorithm.store import BufferStore, StoreError
 from tba.algorithm.trainer import Trainer
 from tba.config import RunConfig
-from tba.config.schema import SearchConfig, SearcherGroup
 from tba.models import (
     DTYPES,
     apply_lora,
@@ -40,41 +38,36 @@ from tba.models import (
     num_parameters,
     resolve_device,
     save_checkpoint,
-    synced_tensors,
 )
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.shape import source_config
 from tba.models.sources import resolve_source
-from tba.plugins import load_object
 from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
 from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator
-from tba.rollout.samplers import sampler_entry
-from tba.rollout.samplers.base import SamplerSpec
 from tba.run import rundir
 from tba.run.checkpoint import CheckpointError, restore_trainer
+from tba.run.searchers import (
+    aging_sources,
+    behaviour_policy,
+    build_runtime,
+    default_threads,
+    searcher_groups,
+    task_spec,
+)
 from tba.run.sft import cache_key
 from tba.run.sft import warm_start as sft_warm_start
-from tba.runtime import RUNTIMES, ranks
-from tba.runtime.searcher_spec import ModelSources, SearcherSpec
-from tba.runtime.worker import InlineParts, RuntimeParts
-from tba.tasks import TASKS
+from tba.runtime import ranks
+from tba.runtime.searcher_spec import ModelSources
 from tba.tasks.base import Scoring, Task
 from tba.tasks.data import DataLoadError
-from tba.tasks.prepare import TaskSpec, apply_chat_template, fit_prompts, prompt_limit
+from tba.tasks.prepare import apply_chat_template, fit_prompts, prompt_limit
 from tba.tasks.prepare import build_task as build_task_from_spec
 
 logger = logging.getLogger(__name__)
 
 
 # ---- the task and the models ---------------------------------------------------------------------------------
-def task_spec(cfg: RunConfig) -> TaskSpec:
-    """The task's resolved factory (a registered name, or the custom target itself) and its settings."""
-    t = cfg.task
-    target = TASKS[t.name].target if t.name in TASKS else t.name
-    return TaskSpec(target, dict(t.options or {}), t.train_size, t.test_size, t.chat_template)
-
-
 def build_task(cfg: RunConfig, tokenizer=None) -> Task:
     """The configured task; with `task.chat_template` and a tokenizer, its prompts in the chat template."""
     return build_task_from_spec(task_spec(cfg), tokenizer)
@@ -283,105 +276,6 @@ def scoring(cfg: RunConfig) -> Scoring:
                    beta=beta_schedule(cfg.tb)(cfg.trainer.steps), top_p=cfg.search.top_p)
 
 
-def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True) -> SamplerSpec:
-    """The sampler of searchers with `search`'s settings (default: the run's `search` section); another model
-    than the trained policy (`trained_policy` False) gets no LoRA adapters."""
-    s, m = search or cfg.search, cfg.model
-    entry = sampler_entry(s.backend)  # a registered backend, or your own module:build
-    max_len = s.vllm.max_model_len
-    if max_len is None and cfg.task.max_prompt_tokens is not None:
-        max_len = cfg.task.max_prompt_tokens + s.max_new_tokens
-    lora = m.lora if m.lora.enabled and trained_policy else None
-    return SamplerSpec(entry.target, m.dtype, lora, s.vllm, max_len, s.quantize, entry.takes_policy,
-                       entry.fresh_process, entry.child_env)
-
-
-def searcher_groups(cfg: RunConfig) -> list[SearcherGroup]:
-    """search.groups, or the one group "policy" of search.num_searchers searchers with `search`'s settings."""
-    return cfg.search.groups or [SearcherGroup("policy", cfg.search.num_searchers)]
-
-
-def aging_sources(cfg: RunConfig) -> frozenset[str]:
-    """The sources whose samples age: groups that load the trainer's weights (none when it never publishes).
-    The age-scaled step and the age cap look at these only: a fixed behaviour's data do not go stale."""
-    if cfg.trainer.sync_every_steps == 0:
-        return frozenset()
-    return frozenset(g.name for g in searcher_groups(cfg) if (g.sync if g.sync is not None else g.policy is None))
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where one searcher runs and with which settings: what its spec is made from (and what tba.run.plan plans)."""
-
-    rank: int
-    """Its rank over the run (group after group)."""
-    shard: int
-    """Its shard of the train prompts within its group."""
-    group: SearcherGroup
-    search: SearchConfig
-    """`search` with the group's settings filled in (null ones are `search`'s)."""
-    device: str
-
-
-def searcher_placements(cfg: RunConfig) -> list[Placement]:
-    """Every searcher, group after group: its device is item rank of search.device (or item shard of its group's
-    device list), cyclically, and its settings are its group's, `search`'s where the group leaves them null."""
-    s, placements = cfg.search, []
-    for g in searcher_groups(cfg):
-        search = dataclasses.replace(s, temperature=g.temperature or s.temperature, groups=None,
-                                     top_p=s.top_p if g.top_p is None else g.top_p, backend=g.backend or s.backend,
-                                     quantize=g.quantize or s.quantize)
-        devices = [d.strip() for d in (g.device or s.device or cfg.model.device).split(",")]
-        for shard in range(g.num_searchers):
-            rank = len(placements)
-            placements.append(Placement(rank, shard, g, search, devices[(shard if g.device else rank) % len(devices)]))
-    return placements
-
-
-def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[SearcherSpec]:
-    """One spec per searcher (`searcher_placements`): each its own seed (by its rank over the run), device and
-    shard of the train prompts within its group. The reference log-probs of every group are at
-    search.temperature, the trainer's."""
-    s, placements = cfg.search, searcher_placements(cfg)
-    threads = s.threads or default_threads(len(placements), cfg.runtime)[1]
-    task, specs, own = task_spec(cfg), [], {}
-    for p in placements:
-        g, trained = p.group, p.group.policy is None
-        if g.name not in own:
-            own[g.name] = sources if trained else ModelSources(resolve_source(g.policy), sources.reference,
-                                                               sources.tokenizer)
-        sampler = sampler_spec(cfg, p.search, trained_policy=trained)
-        specs.append(SearcherSpec(p.rank, g.num_searchers, searcher_seed(cfg.seed, p.rank), p.device, threads,
-                                  p.search, task, sampler, own[g.name], cfg.model.dtype, limit, cfg.task.long_prompts,
-                                  shard=p.shard, source=g.name, synced=g.sync if g.sync is not None else trained,
-                                  trained_policy=trained, scoring_temperature=s.temperature))
-    return specs
-
-
-def behaviour_policy(cfg: RunConfig, policy, version: int, state: RunState, *, resumed: bool):
-    """(the policy the searchers start from, its version). The trainer's policy — but searchers that are never
-    synced (trainer.sync_every_steps = 0) sample the run's start for the whole run, on a resume too: there it is
-    loaded again from its source (version 0), not taken from the checkpoint."""
-    if not resumed or cfg.trainer.sync_every_steps != 0:
-        return policy, version
-    start = load_model(state.policy_source, cfg.model.dtype).to(next(policy.parameters()).device)
-    if cfg.model.lora.enabled:
-        start = apply_lora(start, cfg.model.lora)  # B = 0: the base, under the trainer's tensor names
-    return start, 0
-
-
-def build_runtime(cfg: RunConfig, *, task: Task, tokenizer, policy, reference, sources: ModelSources, limit: int,
-                  version: int = 0, states: list[dict] | None = None) -> Runtime:
-    """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from `policy` (the behaviour
-    policy) at `version`; on resume `states` are the searchers' checkpointed states."""
-    weights = {k: v.detach() for k, v in synced_tensors(policy).items()}
-    parts = RuntimeParts(searchers=searcher_specs(cfg, sources, limit), weights=weights, version=version,
-                         states=states, sync=cfg.mode == "sync", transport=cfg.search.weight_transport,
-                         supervision=cfg.supervision, ray=cfg.ray,
-                         inline=InlineParts(task, tokenizer, policy, reference))
-    return load_object(RUNTIMES[cfg.runtime].target, "runtime")(parts)
-
-
 def loop_settings(cfg: RunConfig) -> LoopSettings:
     t = cfg.trainer
     return LoopSettings(steps=t.steps, prompts_per_step=t.prompts_per_step, samples_per_prompt=t.samples_per_prompt,
@@ -389,15 +283,6 @@ def loop_settings(cfg: RunConfig) -> LoopSettings:
                         eval_every_steps=cfg.eval.every_steps, checkpoint_every_steps=cfg.checkpoint.every_steps,
                         max_replay_ratio=t.max_replay_ratio, sync_mode=cfg.mode == "sync",
                         replay_warning=t.replay_warning)
-
-
-def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:
-    """(trainer threads, threads per searcher): one share of the cores per process, at least one."""
-    cores = os.cpu_count() or 1
-    if runtime == "inline":
-        return cores, cores
-    share = max(1, cores // (num_searchers + 1))
-    return share, share
 
 
 @dataclasses.dataclass
@@ -462,16 +347,21 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         f"policy {num_parameters(policy) / 1e6:.2f}M params{lora} on {device}; "
         f"runtime {cfg.runtime}, mode {cfg.mode}")
     trainer = build_trainer(cfg, policy, reference, tokenizer, state.policy_source)
-    if resume_from is not None:
-        restore_trainer(trainer, resume_from, checkpoint)
-    buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), set_aside_buffer)
-    data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
-    sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
-                           tokenizer=state.policy_source)
-    behaviour, version = behaviour_policy(cfg, policy, trainer.version, state, resumed=resume_from is not None)
-    runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
-                            sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"))
-    evaluator = CurrentPolicy(Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
-                                        limits=Limits.of(cfg.search, cfg.eval.max_new_tokens)), trainer)
-    identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
+    try:  # a sharded trainer's other ranks are processes: a failure below must not leave them waiting
+        if resume_from is not None:
+            restore_trainer(trainer, resume_from, checkpoint)
+        buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), set_aside_buffer)
+        data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
+        sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
+                               tokenizer=state.policy_source)
+        behaviour, version = behaviour_policy(cfg, policy, trainer.version, state, resumed=resume_from is not None)
+        runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
+                                sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"))
+        evaluation = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
+                               limits=Limits.of(cfg.search, cfg.eval.max_new_tokens))
+        evaluator = CurrentPolicy(evaluation, trainer)
+        identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
+    except BaseException:
+        trainer.close()
+        raise
     return Run(task, tokenizer, policy, reference, trainer, buffer, runtime, evaluator, fitted, identity, data)

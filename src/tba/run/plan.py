@@ -17,7 +17,7 @@ from tba.algorithm.objectives import OBJECTIVES
 from tba.config import RunConfig
 from tba.errors import UserError
 from tba.models.shape import ModelShape, model_shape
-from tba.run.build import searcher_placements
+from tba.run.searchers import searcher_placements
 
 GB = 1024**3
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

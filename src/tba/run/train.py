@@ -21,10 +21,11 @@ from tba.algorithm.state import RunState
 from tba.config import RunConfig, plain, save_config, to_dict
 from tba.errors import ConfigError
 from tba.models import save_checkpoint
-from tba.run.build import build_run, build_task, default_threads, loop_settings, searcher_groups, warm_start
+from tba.run.build import build_run, build_task, loop_settings, warm_start
 from tba.run.checkpoint import Checkpointer
 from tba.run.logger import MetricsLogger
 from tba.run.progress import RunControl
+from tba.run.searchers import default_threads, searcher_groups
 from tba.run.summary import run_summary
 from tba.runtime import forkserver
 

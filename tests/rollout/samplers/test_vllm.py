@@ -22,7 +22,7 @@ from tba.models.builtin import build_tiny_model
 from tba.models.generation import response_logits, response_logprobs
 from tba.models.sources import resolve_source
 from tba.rollout.samplers.vllm import fast_cpu_env
-from tba.run.build import sampler_spec
+from tba.run.searchers import sampler_spec
 from tba.runtime.worker import build_sampler
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
