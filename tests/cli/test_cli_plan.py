@@ -50,6 +50,6 @@ def test_a_plan_that_cannot_be_made_never_stops_a_run(monkeypatch, tmp_path, cap
 
     monkeypatch.setattr(tba.run.plan, "make_plan", broken)
     monkeypatch.setattr(tba.api.TBATrainer, "train", lambda self, **kwargs: {})
-    with caplog.at_level("INFO"):
+    with caplog.at_level("DEBUG", logger="tba"):
         assert main(["train", *SMALL, f"output_dir={tmp_path / 'run'}"]) == 0
     assert "memory plan skipped" in caplog.text

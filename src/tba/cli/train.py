@@ -48,13 +48,14 @@ def interrupted(cfg) -> int:
 
 def check_plan(cfg) -> None:
     """Refuse, before anything is loaded, a layout that `tba plan` says cannot fit (a PlanError: one line, exit 1).
-    A plan that cannot be made (a model's config not available offline, …) never stops the run: one log line."""
+    A plan that cannot be made (a model's config not available offline, …) never stops the run: one debug line (the
+    run itself then says what is missing, if anything; `--debug` shows why the plan was skipped)."""
     from tba.run.plan import PlanError, make_plan
 
     try:
         refusal = make_plan(cfg).refusal()
     except Exception as e:  # noqa: BLE001 — the check may only refuse what it computed, never fail a run itself
-        logger.info(f"memory plan skipped ({type(e).__name__}: {e})")
+        logger.debug(f"memory plan skipped ({type(e).__name__}: {e})")
         return
     if refusal:
         raise PlanError(refusal)
