@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -34,8 +35,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from tba.config.fsdp import FSDPConfig
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from tba.models import DTYPES
 
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -197,13 +197,16 @@ def load_full_optimizer(model: torch.nn.Module, optimizer, state: dict | None) -
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-@contextlib.contextmanager
-def process_group(backend: str, rank: int, world: int, address: str, timeout_s: float):
-    """The trainer's default process group for the duration of the block (each collective's timeout)."""
-    from datetime import timedelta
-
+def join(backend: str, rank: int, world: int, address: str, timeout_s: float) -> None:
+    """Join the trainer's default process group as `rank` (every collective then has `timeout_s`)."""
     dist.init_process_group(backend, rank=rank, world_size=world, init_method=address,
                             timeout=timedelta(seconds=timeout_s))
+
+
+@contextlib.contextmanager
+def process_group(backend: str, rank: int, world: int, address: str, timeout_s: float):
+    """The trainer's default process group for the duration of the block."""
+    join(backend, rank, world, address, timeout_s)
     try:
         yield
     finally:

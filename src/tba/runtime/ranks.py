@@ -369,8 +369,7 @@ def start(parts: RankParts, *, world: int, devices: list[torch.device], whole: t
     ranks, address = launch(parts, world, devices)
     a = RankArgs(0, world, address, devices[0], parts, None, None, os.getpid())
     try:
-        dist.init_process_group(backend(devices[0]), rank=0, world_size=world, init_method=address,
-                                timeout=_timedelta(parts.fsdp.collective_timeout_s))
+        fsdp.join(backend(devices[0]), 0, world, address, parts.fsdp.collective_timeout_s)
         skeleton, _ = parts.build(devices[0])
         trainer = make_trainer(a, skeleton, trainer_args, whole=whole, ranks=ranks)
     except Exception as e:
@@ -381,8 +380,3 @@ def start(parts: RankParts, *, world: int, devices: list[torch.device], whole: t
                 f"{time.perf_counter() - t0:.1f} s")
     return trainer
 
-
-def _timedelta(seconds: float):
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)

@@ -15,6 +15,7 @@ import socket
 
 import torch
 
+from tba.runtime import fsdp
 from tba.runtime.ranks import (
     RankArgs,
     RankParts,
@@ -29,13 +30,8 @@ from tba.runtime.ray import connect, ray
 
 class _RankActor:
     def __init__(self, a: RankArgs):
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
         torch.set_num_threads(a.parts.threads)
-        dist.init_process_group(backend(a.device), rank=a.rank, world_size=a.world, init_method=a.address,
-                                timeout=timedelta(seconds=a.parts.fsdp.collective_timeout_s))
+        fsdp.join(backend(a.device), a.rank, a.world, a.address, a.parts.fsdp.collective_timeout_s)
         model, args = a.parts.build(a.device)
         self.trainer = make_trainer(a, model, args)
 
