@@ -64,6 +64,8 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout_s: float
         if (out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= step:
             return
         time.sleep(0.02)
+    if proc.poll() is not None:
+        raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}:\n{proc.stderr.read()[-3000:]}")
     raise AssertionError(f"the run did not reach step {step}")
 
 

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -197,10 +198,19 @@ def load_full_optimizer(model: torch.nn.Module, optimizer, state: dict | None) -
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
+RENDEZVOUS_S = 300.0
+"""Longest wait for every rank to reach the rendezvous: a rank's start (a process or Ray actor, imports ≈ 10 s, more
+on a loaded machine) is not a collective, and bounding it by the collective timeout failed runs whose ranks
+were merely slow to import."""
+
+
 def join(backend: str, rank: int, world: int, address: str, timeout_s: float) -> None:
-    """Join the trainer's default process group as `rank` (every collective then has `timeout_s`)."""
-    dist.init_process_group(backend, rank=rank, world_size=world, init_method=address,
-                            timeout=timedelta(seconds=timeout_s))
+    """Join the trainer's default process group as `rank`: the rendezvous waits up to RENDEZVOUS_S for the other
+    ranks to arrive, every collective afterwards has `timeout_s`."""
+    url = urlparse(address)
+    store = dist.TCPStore(url.hostname, url.port, world, rank == 0, timeout=timedelta(seconds=max(RENDEZVOUS_S,
+                                                                                                  timeout_s)))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
 @contextlib.contextmanager

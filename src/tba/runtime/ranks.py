@@ -79,6 +79,10 @@ class RankGroup(Protocol):
     """Rank 0's handle on ranks 1..N−1, wherever they run (processes here: `LocalRanks`; Ray actors:
     tba.runtime.ray_ranks)."""
 
+    def arrived(self) -> None:
+        """Wait (up to fsdp.RENDEZVOUS_S) until every other rank has started and is about to join the process
+        group; raises TrainerRankError naming a rank that died on the way."""
+
     def send(self, command: str, payload) -> None:
         """Start `command` on every other rank; returns at once."""
 
@@ -251,6 +255,7 @@ def _rank_main(a: RankArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it then ends this rank
     try:
         torch.set_num_threads(a.parts.threads)
+        a.answers.put(("arrived", a.rank, None))
         with fsdp.process_group(backend(a.device), a.rank, a.world, a.address, a.parts.fsdp.collective_timeout_s):
             model, args = a.parts.build(a.device)
             trainer = make_trainer(a, model, args)
@@ -278,18 +283,23 @@ class LocalRanks:
         for q in self.commands:
             q.put((command, payload))
 
-    def answers(self, command: str, what: str = "done") -> None:
-        """Wait for every rank's answer to `command` (each within the collective timeout)."""
+    def arrived(self) -> None:
+        self.answers("start", what="arrived", timeout_s=fsdp.RENDEZVOUS_S)
+
+    def answers(self, command: str, what: str = "done", timeout_s: float | None = None) -> None:
+        """Wait for every rank's answer to `command` (each within the collective timeout unless `timeout_s`)."""
         pending = set(range(1, len(self.procs) + 1))
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         while pending:
             try:
                 kind, rank, detail = self.answers_q.get(timeout=0.2)
             except queue.Empty:
                 self._check_alive(command)
                 if time.monotonic() > deadline:
-                    raise self._error(command, f"rank {min(pending)} did not answer within {self.timeout_s:g} s "
-                                               "(trainer.fsdp.collective_timeout_s)") from None
+                    bound = "a rank's start" if what == "arrived" else "trainer.fsdp.collective_timeout_s"
+                    raise self._error(command, f"rank {min(pending)} did not answer within {timeout_s:g} s "
+                                               f"({bound})") from None
                 continue
             if kind == "error":
                 raise self._error(command, f"rank {rank} raised:\n{detail}")
@@ -368,6 +378,7 @@ def start(parts: RankParts, *, world: int, devices: list[torch.device], whole: t
     t0 = time.perf_counter()
     ranks, address = launch(parts, world, devices)
     a = RankArgs(0, world, address, devices[0], parts, None, None, os.getpid())
+    ranks.arrived()
     try:
         fsdp.join(backend(devices[0]), 0, world, address, parts.fsdp.collective_timeout_s)
         skeleton, _ = parts.build(devices[0])

@@ -51,6 +51,9 @@ class RayRanks:
         self.actors, self.group, self.timeout_s, self.started_ray = actors, group, timeout_s, started_ray
         self.pending = [a.ready.remote() for a in actors]
 
+    def arrived(self) -> None:
+        pass  # each actor joins in its constructor; the rendezvous's own wait (fsdp.RENDEZVOUS_S) bounds its start
+
     def send(self, command: str, payload) -> None:
         self.pending = [a.run.remote(command, payload) for a in self.actors]
 
