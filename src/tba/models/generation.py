@@ -22,6 +22,7 @@ do (bench/perf/sampler.py measures both; docs/results.md, "Sampler backends"):
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -60,11 +61,17 @@ class _SlotLayer(DynamicLayer):
     (masks, `get_seq_length`) sees an ordinary dynamic layer.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int):
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, filled: int):
+        """Buffers [B, H, capacity, D] whose first `filled` positions hold keys and values."""
         super().__init__()
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._k, self._v = (self._alloc(x, repeats, capacity) for x in (keys, values))
-        self._view(keys.shape[-2])
+        self.dtype, self.device, self.is_initialized = k.dtype, k.device, True
+        self._k, self._v = k, v
+        self._view(filled)
+
+    @classmethod
+    def repeated(cls, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int) -> _SlotLayer:
+        """A prefilled [N, H, L, D] layer as N·repeats rows with room for `capacity` positions."""
+        return cls(cls._alloc(keys, repeats, capacity), cls._alloc(values, repeats, capacity), keys.shape[-2])
 
     @staticmethod
     def _alloc(x: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
@@ -100,10 +107,28 @@ def _slot_cache(cache, repeats: int, capacity: int):
     layers = getattr(cache, "layers", None)
     if layers and all(type(layer) is DynamicLayer and getattr(layer, "keys", None) is not None for layer in layers):
         for i, layer in enumerate(layers):
-            layers[i] = _SlotLayer(layer.keys, layer.values, repeats, capacity)
+            layers[i] = _SlotLayer.repeated(layer.keys, layer.values, repeats, capacity)
     elif repeats > 1:
         cache.batch_repeat_interleave(repeats)
     return cache
+
+
+@dataclass
+class DecodeStats:
+    """What a decode loop spent its steps on: `tokens` sampled over `row_steps` rows computed (static: the rows
+    still in the batch; continuous: every slot) in `steps` forwards. 1 − tokens / row_steps is the share of row
+    computations spent on finished rows, padding or empty slots."""
+
+    steps: int = 0
+    row_steps: int = 0
+    tokens: int = 0
+    slot_steps: int = 0
+    """Steps × the batch's starting rows (static) or slots (continuous): 1 − tokens / slot_steps is the share of
+    the batch's capacity that produced no token."""
+
+    def add(self, other: DecodeStats) -> None:
+        for k in ("steps", "row_steps", "tokens", "slot_steps"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
 
 
 _GQA = "tba_decode_sdpa"
@@ -200,12 +225,14 @@ def generate(
     pad_id: int,
     greedy: bool = False,
     logprobs: bool = True,
+    stats: DecodeStats | None = None,
 ) -> list[tuple[list[int], list[float]]]:
     """Return, for each prompt and then each of its samples, (response ids, behaviour log-probs).
 
     Responses are cut after the first EOS (which is kept). Greedy decoding, or `logprobs=False` (evaluation, a
     victim model: nobody needs them), returns empty log-prob lists.
     Reproducible under a fixed torch seed (one uniform per active row and step from the global generator).
+    `stats`, if given, is added what the loop's steps were spent on.
     """
     if not greedy and temperature <= 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
@@ -233,6 +260,9 @@ def generate(
     with _decode_attention(model):
         for t in range(max_new_tokens):
             token, lp = _sample(logits, temperature, top_p, greedy)
+            if stats is not None:
+                stats.steps, stats.row_steps = stats.steps + 1, stats.row_steps + len(rows)
+                stats.tokens, stats.slot_steps = stats.tokens + int(running.sum()), stats.slot_steps + batch
             tokens[rows, t] = token
             if logprobs:
                 logp[rows, t] = lp

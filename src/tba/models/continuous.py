@@ -1,0 +1,249 @@
+"""Continuous batching for the HF decode loop: a fixed number of rows (slots) decode together, and a row that ends
+hands its slot to the next queued sample, so a batch never waits for its longest response.
+
+Why a timeline: every row writes its next token's keys and values at one shared cache position t, as the static
+loop (tba.models.generation.generate) does, so HF's own attention, masks and RoPE work unchanged. A newcomer's
+prompt is prefilled on its own (one forward for all prompts admitted together, each prompt once for its S
+samples) and its keys and values are placed just left of t in the newcomer's row, the row's older positions
+masked out: exactly a left-padded prompt. When t reaches the buffers' end, every row's live window is shifted
+left in one copy. Prefill of newcomers runs as its own forward between decode steps, not fused into a decode
+step's forward: HF's masks take one query length per forward.
+
+Weights may change between any two steps (in-flight updates, tba.rollout.stream): the keys and values already
+cached are kept, not recomputed, and each token records the policy version of the forward that sampled it.
+
+Exactness: with the same prompts, every row admitted at once and no row ending early, the rows see the same
+forwards, masks and uniforms (one per sampled row per step, from the global torch generator) as `generate`, and
+return the same tokens (tests/models/test_continuous.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from tba.models.generation import CACHE, DecodeStats, _decode_attention, _forward, _pad, _sample, _SlotLayer
+
+
+@dataclass
+class Finished:
+    """One sample that ended: EOS (kept) or its token budget."""
+
+    key: object
+    index: int
+    """Its place among its prompt's samples (0 … S−1)."""
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    """The policy version that sampled each token."""
+
+
+@dataclass
+class _Row:
+    key: object
+    index: int
+    budget: int
+    length: int
+    """Prompt tokens: the row's first position is t − length at admission."""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Prefill:
+    """A prompt's keys and values (per layer [H, L, D]) and its last position's logits, kept until its last
+    sample is admitted or the weights change."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    logits: torch.Tensor
+    version: int
+
+
+class ContinuousBatch:
+    """Rows in flight over `slots` slots. `submit` queues a prompt's samples; each `step(version)` admits queued
+    samples into free slots (when at least `refill` slots are free, or none is decoding), decodes one token for
+    every row, and returns the samples that ended."""
+
+    def __init__(self, model, slots: int, *, temperature: float, top_p: float, eos_id: int, pad_id: int,
+                 refill: int | None = None):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        self.model, self.slots, self.temperature, self.top_p = model, slots, temperature, top_p
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.refill = refill if refill is not None else max(1, math.ceil(slots / 8))
+        self.queue: deque[tuple[object, list[int], int, int]] = deque()
+        self.rows: list[_Row | None] = [None] * slots
+        self.prefills: dict[object, _Prefill] = {}
+        self.hold = False
+        """True: admit nothing (the rows in flight drain: a between-batches weight update waits for that)."""
+        self.stats = DecodeStats()
+        self.t = 0
+        self.cache = None
+        self.attn: torch.Tensor | None = None  # [slots, capacity]
+        self.pos = torch.zeros(slots, dtype=torch.long)  # position id of each row's next input token
+        self.next = torch.full((slots,), pad_id, dtype=torch.long)  # each row's last sampled token, fed next
+
+    # ---- what the owner sees ----------------------------------------------------------------------------------
+    def submit(self, key, prompt: list[int], num_samples: int, max_new_tokens: int) -> None:
+        if not prompt:
+            raise ValueError(f"prompt {key!r} is empty")
+        for i in range(num_samples):
+            self.queue.append((key, prompt, i, max_new_tokens))
+
+    @property
+    def active(self) -> int:
+        return sum(r is not None for r in self.rows)
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.active
+
+    @torch.no_grad()
+    def step(self, version: int) -> list[Finished]:
+        finished: list[Finished] = []
+        if any(p.version != version for p in self.prefills.values()):
+            self.prefills.clear()  # a sibling admitted after an update starts from the new weights' prefill
+        free = [i for i, r in enumerate(self.rows) if r is None]
+        if self.queue and not self.hold and free and (len(free) >= self.refill or len(free) == self.slots):
+            finished += self._admit(free, version)
+        live = [i for i, r in enumerate(self.rows) if r is not None]
+        if not live:
+            return finished
+        finished += self._decode(live, version)
+        return finished
+
+    # ---- admission -----------------------------------------------------------------------------------------------
+    def _admit(self, free: list[int], version: int) -> list[Finished]:
+        taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
+        new = {}
+        for key, prompt, _, _ in taken:
+            if key not in self.prefills and key not in new:
+                new[key] = prompt
+        if new:
+            self._prefill(new, version)
+        logits = torch.stack([self.prefills[key].logits for key, *_ in taken])  # [n, V]
+        longest = max(len(prompt) for _, prompt, _, _ in taken)
+        room = max([n for *_, n in taken] + [r.budget - len(r.tokens) for r in self.rows if r is not None])
+        if self.cache is None:
+            self._allocate(self.prefills[taken[0][0]], longest + room)
+        if self.t < longest or self.t + room > self.capacity:
+            self._shift(max(longest, self._window()), need=room)
+        slots = free[: len(taken)]
+        for slot, (key, prompt, index, budget) in zip(slots, taken, strict=True):
+            pre, n = self.prefills[key], len(prompt)
+            for layer, k, v in zip(self.cache.layers, pre.keys, pre.values, strict=True):
+                layer._k[slot, :, self.t - n:self.t] = k
+                layer._v[slot, :, self.t - n:self.t] = v
+            self.attn[slot].zero_()
+            self.attn[slot, self.t - n:self.t] = 1
+            self.pos[slot] = n
+            self.rows[slot] = _Row(key, index, budget, n)
+        waiting = {k for k, *_ in self.queue}
+        for key in {key for key, *_ in taken} - waiting:
+            self.prefills.pop(key, None)  # every sample of it admitted
+        self.stats.row_steps += len(taken)
+        self.stats.slot_steps += len(taken)
+        return self._sampled(slots, logits, version)
+
+    def _prefill(self, prompts: dict, version: int) -> None:
+        ids, mask = (x.to(self.model.device) for x in _pad(list(prompts.values()), self.pad_id, left=True))
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        out = _forward(self.model, input_ids=ids, attention_mask=mask, position_ids=pos)
+        layers = getattr(out, CACHE).layers
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            raise ValueError(f"search.batching=continuous needs a model whose KV cache is full attention in every "
+                             f"layer; {type(self.model).__name__} has {sorted({type(x).__name__ for x in layers})}")
+        width = ids.shape[1]
+        for i, (key, prompt) in enumerate(prompts.items()):
+            start = width - len(prompt)
+            self.prefills[key] = _Prefill([x.keys[i, :, start:] for x in layers],
+                                          [x.values[i, :, start:] for x in layers], out.logits[i, -1], version)
+
+    # ---- decoding ------------------------------------------------------------------------------------------------
+    def _decode(self, live: list[int], version: int) -> list[Finished]:
+        if self.t + 1 > self.capacity:  # not after an admission, which made room for every row's budget
+            self._shift(self._window(), need=max(r.budget - len(r.tokens) for r in self.rows if r is not None))
+        self.attn[:, self.t] = 1  # every slot attends to its own new position (an empty slot to nothing else)
+        ids = self.next.to(self.attn.device)[:, None]
+        with _decode_attention(self.model):
+            out = self.model(input_ids=ids, attention_mask=self.attn[:, :self.t + 1],
+                             position_ids=self.pos.to(self.attn.device)[:, None], use_cache=True,
+                             **{CACHE: self.cache})
+        self.t += 1
+        self.pos[live] += 1
+        self.stats.steps += 1
+        self.stats.row_steps += self.slots
+        self.stats.slot_steps += self.slots
+        return self._sampled(live, out.logits[live, -1], version)
+
+    def _sampled(self, slots: list[int], logits: torch.Tensor, version: int) -> list[Finished]:
+        token, lp = _sample(logits, self.temperature, self.top_p, greedy=False)
+        finished = []
+        for slot, tok, p in zip(slots, token.tolist(), lp.tolist(), strict=True):
+            row = self.rows[slot]
+            row.tokens.append(tok)
+            row.logprobs.append(p)
+            row.versions.append(version)
+            self.next[slot] = tok
+            self.stats.tokens += 1
+            if tok == self.eos_id or len(row.tokens) >= row.budget:
+                finished.append(Finished(row.key, row.index, row.tokens, row.logprobs, row.versions))
+                self.rows[slot] = None
+                self.next[slot] = self.pad_id
+                self.attn[slot].zero_()
+                self.pos[slot] = 0
+        return finished
+
+    # ---- the timeline ----------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.attn.shape[1]
+
+    def _window(self) -> int:
+        """Positions the rows in flight occupy, ending at t."""
+        starts = [self.t - r.length - len(r.tokens) + 1 for r in self.rows if r is not None]
+        return self.t - min(starts) if starts else 0
+
+    def _allocate(self, pre: _Prefill, extent: int) -> None:
+        capacity = 2 * extent
+        layers = []
+        for k, v in zip(pre.keys, pre.values, strict=True):
+            kb = k.new_zeros(self.slots, k.shape[0], capacity, k.shape[-1])  # zeros: masked positions are read
+            vb = v.new_zeros(self.slots, v.shape[0], capacity, v.shape[-1])  # (× 0), and 0 × NaN would be NaN
+            layers.append(_SlotLayer(kb, vb, 0))
+        self.cache = DynamicCache()
+        self.cache.layers = layers
+        self.attn = torch.zeros(self.slots, capacity, dtype=torch.long, device=pre.logits.device)
+
+    def _shift(self, new_t: int, need: int = 0) -> None:
+        """Move every row's live window to end at `new_t` (growing the buffers if `new_t + need` does not fit)."""
+        w = self._window()
+        new_t = max(new_t, w)
+        if new_t + max(need, 1) > self.capacity:
+            self._grow(2 * (new_t + max(need, 1)))
+        for layer in self.cache.layers:
+            for buf in (layer._k, layer._v):
+                buf[:, :, new_t - w:new_t] = buf[:, :, self.t - w:self.t].clone()
+            layer._view(new_t)
+        self.attn[:, new_t - w:new_t] = self.attn[:, self.t - w:self.t].clone()
+        self.attn[:, :new_t - w] = 0
+        self.attn[:, new_t:] = 0
+        self.t = new_t
+
+    def _grow(self, capacity: int) -> None:
+        for layer in self.cache.layers:
+            for name in ("_k", "_v"):
+                old = getattr(layer, name)
+                new = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+                new[:, :, :old.shape[2]] = old
+                setattr(layer, name, new)
+            layer._view(self.t)
+        attn = self.attn.new_zeros(self.slots, capacity)
+        attn[:, :self.attn.shape[1]] = self.attn
+        self.attn = attn
