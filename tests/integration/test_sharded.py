@@ -65,7 +65,8 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout_s: float
             return
         time.sleep(0.02)
     if proc.poll() is not None:
-        raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}:\n{proc.stderr.read()[-3000:]}")
+        err = proc.stderr.read()[-3000:]
+        raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}:\n{err}")
     raise AssertionError(f"the run did not reach step {step}")
 
 

@@ -60,7 +60,7 @@ class StoredSample(Sample):
     def of(cls, s: Sample, seq: int, idx: int) -> StoredSample:
         """Log-probs as float32 arrays (what they were computed in): ~8× less memory than lists of floats."""
         return cls(s.response, array("f", s.ref_logprobs), s.reward, s.version, array("f", s.behaviour_logprobs),
-                   s.source, array("b", s.policy_mask), seq=seq, idx=idx)
+                   s.source, array("b", s.policy_mask), array("i", s.versions), seq=seq, idx=idx)
 
 
 class ReplayBuffer:

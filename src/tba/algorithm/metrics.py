@@ -32,7 +32,9 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
     """One step's metrics: the trainer's `update` metrics, plus what was drawn (staleness = trainer version −
     sample version, before the update), what the buffer holds, the searchers' own counters, and — with
     several sources — each source's share (tba.run.logger.source_metrics)."""
-    staleness = [version - s.version for d in draws for s in d.samples]
+    drawn = [s for d in draws for s in d.samples]
+    staleness = [version - s.version for s in drawn]  # of a sample's first (oldest) token
+    token_ages = [version - (sum(s.versions) / len(s.versions) if s.versions else s.version) for s in drawn]
     extra = {}
     if buffer.rule.max_sample_age is not None:
         extra["buffer/too_old"] = buffer.too_old
@@ -50,6 +52,8 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
         "buffer/online_fraction": float(np.mean([d.online for d in draws])),
         "staleness/mean": float(np.mean(staleness)),
         "staleness/max": float(np.max(staleness)),
+        "staleness/token_mean": float(np.mean(token_ages)),  # per token: in-flight updates make it < mean
+        "staleness/mixed_fraction": float(np.mean([s.last_version != s.version for s in drawn])),
         "trainer/busy_fraction": busy_fraction,
         **searchers,
         **extra,

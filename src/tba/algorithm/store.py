@@ -14,11 +14,12 @@ Schema (the `seq` of a group is its acceptance order, 1-based; replaying groups 
     groups(seq, prompt_id, step, time, source)      step: trainer step at which the group was accepted;
                                                     source: the searcher group or data that produced it
     syncs(after_seq, step)                          a weight publication (new recency window) after group seq
-    samples(seq, idx, version, reward, response, ref_logprobs, behaviour_logprobs, policy_mask)
+    samples(seq, idx, version, reward, response, ref_logprobs, behaviour_logprobs, policy_mask, versions)
                                                     response int32 bytes, log-probs float32 bytes (lossless:
                                                     they were computed in float32); policy_mask uint8 bytes
                                                     for a multi-turn episode (1 = the policy's token), NULL
-                                                    otherwise
+                                                    otherwise; versions int32 bytes (each token's policy
+                                                    version) when weights changed mid-response, NULL otherwise
     snapshots(upto, sync_rowid, state, items)       the in-memory buffer after group `upto` (one per checkpoint):
                                                     its prompts in order and (seq, idx) references to the items
     meta(key, value)                                `groups`: groups ever accepted (the next seq is groups + 1);
@@ -55,15 +56,17 @@ CREATE TABLE IF NOT EXISTS groups(seq INTEGER PRIMARY KEY, prompt_id INTEGER NOT
                                   time REAL NOT NULL, source TEXT NOT NULL DEFAULT 'policy');
 CREATE TABLE IF NOT EXISTS samples(seq INTEGER NOT NULL, idx INTEGER NOT NULL, version INTEGER NOT NULL,
                                    reward REAL NOT NULL, response BLOB NOT NULL, ref_logprobs BLOB NOT NULL,
-                                   behaviour_logprobs BLOB NOT NULL, policy_mask BLOB, PRIMARY KEY(seq, idx));
+                                   behaviour_logprobs BLOB NOT NULL, policy_mask BLOB, versions BLOB,
+                                   PRIMARY KEY(seq, idx));
 CREATE TABLE IF NOT EXISTS syncs(after_seq INTEGER NOT NULL, step INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS snapshots(upto INTEGER PRIMARY KEY, sync_rowid INTEGER NOT NULL, state TEXT NOT NULL,
                                      items BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 FILENAME = "buffer.sqlite"
-FORMAT_VERSION = 1
-"""The schema's version, written into every store; bump it whenever the schema or a blob's encoding changes."""
+FORMAT_VERSION = 2
+"""The schema's version, written into every store; bump it whenever the schema or a blob's encoding changes.
+2: samples.versions (per-token policy versions of in-flight weight updates)."""
 
 
 class StoreError(UserError, RuntimeError):
@@ -152,10 +155,11 @@ class BufferStore:
                 for seq, g in enumerate(groups, first):
                     rows.append((seq, g.prompt_id, step, now, g.source))
                     sample_rows += [(seq, i, s.version, s.reward, _ints(s.response), _floats(s.ref_logprobs),
-                                     _floats(s.behaviour_logprobs), _mask(s.policy_mask))
+                                     _floats(s.behaviour_logprobs), _mask(s.policy_mask),
+                                     _ints(s.versions) if s.versions else None)
                                     for i, s in enumerate(g.samples)]
                 self.db.executemany("INSERT INTO groups VALUES (?, ?, ?, ?, ?)", rows)
-                self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", sample_rows)
+                self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", sample_rows)
                 self.db.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?)", (first + len(groups) - 1,))
         except sqlite3.OperationalError as e:
             raise StoreError(f"could not persist {len(groups)} groups to {self.path}: {e} "
@@ -189,15 +193,15 @@ class BufferStore:
         prompts = self.prompt_tokens()
         rows = self.db.execute(
             "SELECT g.seq, g.prompt_id, g.step, g.source, s.version, s.reward, s.response, s.ref_logprobs, "
-            "s.behaviour_logprobs, s.policy_mask FROM groups g JOIN samples s ON s.seq = g.seq "
+            "s.behaviour_logprobs, s.policy_mask, s.versions FROM groups g JOIN samples s ON s.seq = g.seq "
             "WHERE g.seq > ? AND g.seq <= ? ORDER BY g.seq, s.idx", (start, stop))
         current, samples, meta = None, [], None
-        for seq, pid, step, source, *sample, mask in rows:
+        for seq, pid, step, source, *sample, mask, versions in rows:
             if seq != current and current is not None:
                 yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples, meta[3])
                 samples = []
             current, meta = seq, (seq, pid, step, source)
-            samples.append(_sample(*sample, source, mask))
+            samples.append(_sample(*sample, source, mask, versions))
         if current is not None:
             yield meta[0], meta[2], Group(meta[1], prompts[meta[1]], samples, meta[3])
 
@@ -232,7 +236,7 @@ class BufferStore:
         for lo, hi in _spans(sorted({seq for seq, _ in wanted})):
             for seq, idx, *sample in self.db.execute(
                     "SELECT s.seq, s.idx, s.version, s.reward, s.response, s.ref_logprobs, s.behaviour_logprobs, "
-                    "g.source, s.policy_mask FROM samples s JOIN groups g ON g.seq = s.seq "
+                    "g.source, s.policy_mask, s.versions FROM samples s JOIN groups g ON g.seq = s.seq "
                     "WHERE s.seq >= ? AND s.seq <= ?",
                     (lo, hi)):
                 if (seq, idx) in wanted:
@@ -307,10 +311,11 @@ def _mask(policy_mask: list[int]) -> bytes | None:
     return np.asarray(policy_mask, dtype="u1").tobytes() if policy_mask else None
 
 
-def _sample(version, reward, response, ref, behaviour, source, mask=None) -> Sample:
+def _sample(version, reward, response, ref, behaviour, source, mask=None, versions=None) -> Sample:
     return Sample(np.frombuffer(response, "<i4").tolist(), np.frombuffer(ref, "<f4").tolist(), reward, version,
                   np.frombuffer(behaviour, "<f4").tolist(), source,
-                  np.frombuffer(mask, "u1").tolist() if mask else [])
+                  np.frombuffer(mask, "u1").tolist() if mask else [],
+                  np.frombuffer(versions, "<i4").tolist() if versions else [])
 
 
 def _spans(seqs: list[int], gap: int = 64) -> Iterator[tuple[int, int]]:

@@ -20,7 +20,8 @@ class Sample:
     """Per-token log π_ref(y_t | x, y_<t) of logits ÷ T, one per response token."""
     reward: float
     version: int
-    """Policy version (trainer updates applied) of the weights that generated it."""
+    """Policy version (trainer updates applied) of the weights that generated it — of its first token, when
+    `versions` says that several did."""
     behaviour_logprobs: list[float] = field(default_factory=list)
     """Per-token log-probs under the generating policy (logits ÷ T); diagnostics and ratio-based baselines.
     Empty for completions from elsewhere (tba.rollout.demonstrations): their behaviour policy is unknown."""
@@ -29,6 +30,17 @@ class Sample:
     policy_mask: list[int] = field(default_factory=list)
     """Multi-turn episodes (tba.rollout.episodes): 1 where `response` holds a policy token, 0 where the environment's
     text is; their ref/behaviour log-probs are 0.0. Empty = every token is the policy's (single-turn)."""
+
+    versions: list[int] = field(default_factory=list)
+    """The policy version that sampled each response token, when weights changed while it was being generated
+    (search.weight_update=in_flight); empty = every token is `version`'s. Environment tokens carry the version of
+    the turn before them. No objective needs it (TB's target does not depend on who sampled): staleness metrics
+    and `tba buffer dump` read it."""
+
+    @property
+    def last_version(self) -> int:
+        """The version of its last token: its newest."""
+        return self.versions[-1] if self.versions else self.version
 
     @property
     def ref_logprob_sum(self) -> float:

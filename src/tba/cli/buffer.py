@@ -31,7 +31,8 @@ def buffer(ns: argparse.Namespace) -> int:
         row = {"seq": seq, "step": step, "source": g.source, "prompt_id": g.prompt_id, "prompt_tokens": g.prompt_tokens,
                "samples": [{"version": s.version, "reward": s.reward, "response": s.response,
                             "ref_logprob": s.ref_logprob_sum,
-                            **({"policy_mask": s.policy_mask} if s.policy_mask else {})}
+                            **({"policy_mask": s.policy_mask} if s.policy_mask else {}),
+                            **({"versions": version_spans(s.versions)} if s.versions else {})}
                            for s in g.samples]}
         if tokenizer is not None:
             row["prompt"] = tokenizer.decode(g.prompt_tokens, skip_special_tokens=True)
@@ -78,3 +79,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 COMMAND = Command("buffer", "What a run's durable replay buffer holds (stats), or its groups as JSON lines (dump).",
                   arguments, buffer)
+
+
+def version_spans(versions: list[int]) -> list[list[int]]:
+    """Per-token versions as [first token, version] spans: [[0, 3], [17, 4]] = tokens 0–16 by version 3, the
+    rest by version 4."""
+    return [[i, v] for i, v in enumerate(versions) if i == 0 or versions[i - 1] != v]

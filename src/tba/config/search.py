@@ -23,6 +23,8 @@ from tba.rollout.samplers import SAMPLERS
 from tba.runtime import START_METHODS, TRANSPORTS
 
 QUANTIZE = ("none", "int8", "int8_weight", "fp8")
+BATCHING = ("static", "continuous")
+WEIGHT_UPDATES = ("between_batches", "in_flight")
 """search.quantize's schemes (tba.rollout.quantize)."""
 
 
@@ -101,6 +103,19 @@ class SearchConfig:
     max_new_tokens: int = setting(32, positive)
     """Longest response in tokens; a response that reaches it without EOS is kept, cut there. In a multi-turn
     task (one with an environment): the longest policy turn."""
+    batching: str = setting("static", one_of(BATCHING))
+    """static: each search batch (prompts_per_batch × S rows) decodes until its longest response ends.
+    continuous (hf backend, single-turn tasks): `slots` rows stay in flight and a row that ends hands its slot to
+    the next prompt's sample (tba.models.continuous); a prompt's group is delivered when its last sample ends, and a
+    search step returns once prompts_per_batch groups are."""
+    weight_update: str = setting("between_batches", one_of(WEIGHT_UPDATES))
+    """When a searcher loads newly published weights. between_batches: only with no response half-generated (under
+    continuous batching the rows in flight end first, admitting nothing meanwhile). in_flight: at the next decode
+    step (continuous batching) or the next turn (multi-turn episodes), the rows in flight going on with their
+    cached keys and values; each sample records the version of every token (Sample.versions). No objective is
+    corrected for it: TB's target does not depend on which policies sampled (docs/objectives.md)."""
+    slots: int | None = setting(None, positive_or_none)
+    """batching=continuous: rows in flight. None = prompts_per_batch × generations_per_prompt."""
     max_turns: int = setting(4, positive)
     """Multi-turn tasks: policy turns per episode at most (tba.rollout.episodes)."""
     max_episode_tokens: int | None = setting(None, positive_or_none)
@@ -130,10 +145,17 @@ class SearchConfig:
     of num_searchers searchers with the settings above."""
 
     def check(self) -> None:
+        if self.batching == "continuous" and self.backend != "hf":
+            raise ConfigError(f"search.batching=continuous is built for the hf backend, not {self.backend!r} "
+                              "(vLLM batches continuously within each generate call): use search.batching=static")
         if self.groups is None:
             return
         if not self.groups:
             raise ConfigError("search.groups: an empty list; leave it null for one group of search.num_searchers")
+        for g in self.groups:
+            if self.batching == "continuous" and g.backend not in (None, "hf"):
+                raise ConfigError(f"search.groups: {g.name!r} uses backend {g.backend!r}; search.batching=continuous "
+                                  "is built for the hf backend only")
         names = [g.name for g in self.groups]
         if len(set(names)) != len(names):
             raise ConfigError(f"search.groups: names must differ, got {names}")

@@ -83,6 +83,8 @@ class Episode:
     """1 for a policy token, 0 for an environment token."""
     logprobs: list[float] = field(default_factory=list)
     """Behaviour log-probs of the policy's tokens; 0.0 at the environment's."""
+    versions: list[int] = field(default_factory=list)
+    """The policy version of each token's turn (an environment token: the turn before it)."""
     turns: int = 0
     end: str | None = None
     reward: float | None = None
@@ -133,19 +135,21 @@ class _Caller:
 
 
 def run_episodes(generate, tokenizer, task, prompts: list[Prompt], prompt_tokens: list[list[int]], *,
-                 num_samples: int, max_new_tokens: int, limits: Limits) -> list[Episode]:
+                 num_samples: int, max_new_tokens: int, limits: Limits, version=lambda: 0) -> list[Episode]:
     """`num_samples` episodes of each prompt (prompt-major), all advanced one turn at a time.
 
     `generate(contexts, max_new_tokens)` returns (token ids, log-probs) per context: the searcher's sampler at
     its temperature, or greedy decoding in evaluation. Each turn generates at most `max_new_tokens`, and never
-    past the episode's token budget.
+    past the episode's token budget. `version()`, asked before each turn, is the policy version that samples it
+    (a searcher loads newer weights there when they land in flight).
     """
     def act(episodes, n):
         return generate([e.context for e in episodes], n)
 
     call = _Caller(limits.timeout_s)
     try:
-        return _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits)
+        return _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits,
+                    version=version)
     finally:
         call.close()
 
@@ -189,7 +193,8 @@ def replay_episodes(tokenizer, task, prompts: list[Prompt], prompt_tokens: list[
     return episodes
 
 
-def _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits, on_start=None):
+def _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_new_tokens, limits, on_start=None,
+         version=lambda: 0):
     episodes = []
     for p, toks in zip(prompts, prompt_tokens, strict=True):
         for _ in range(num_samples):
@@ -213,6 +218,7 @@ def _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_ne
         by_budget: dict[int, list[Episode]] = {}
         for e, n in active:
             by_budget.setdefault(n, []).append(e)
+        turn_version = version()
         for n, group in by_budget.items():
             for e, (ids, lps) in zip(group, act(group, n), strict=True):
                 if e.end is not None:  # a replayed episode whose script did not fit
@@ -220,6 +226,7 @@ def _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_ne
                 e.tokens += ids
                 e.mask += [1] * len(ids)
                 e.logprobs += lps if lps else [0.0] * len(ids)
+                e.versions += [turn_version] * len(ids)
                 e.turns += 1
         for e, _ in active:
             if e.end is None:
@@ -263,6 +270,7 @@ def _answer(call, e: Episode, tokenizer, limits: Limits) -> None:
         e.tokens += ids
         e.mask += [0] * len(ids)
         e.logprobs += [0.0] * len(ids)
+        e.versions += [e.versions[-1] if e.versions else 0] * len(ids)
 
 
 def _end(e: Episode, reason: str, error: str | None = None) -> None:

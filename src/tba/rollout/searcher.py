@@ -1,9 +1,10 @@
 """Searcher: turns prompts into scored, reference-annotated samples with a (possibly stale) policy copy.
 
 It knows nothing of processes, queues or engines: it samples through a `Sampler` (tba.rollout.samplers: HF
-decode loop or vLLM), and a runtime calls `step()` in a loop and `load_weights()` — the only way new weights
-reach a searcher, on every runtime — when a newer policy version is published. It owns a shard of the
-train prompts (round-robin, as the paper's searchers do) and walks a seeded permutation of it, cycling
+decode loop or vLLM), and a runtime calls `step(sync)` in a loop; `load_weights()` is the only way new weights
+reach a searcher, on every runtime, and `sync` (tba.rollout.stream.WeightSync) says when: before a static batch,
+or — continuous batching, multi-turn episodes — between decode steps or turns (search.weight_update). It owns a
+shard of the train prompts (round-robin, as the paper's searchers do) and walks a seeded permutation of it, cycling
 forever; `state_dict()` is that position, so a resumed or restarted searcher continues where the trainer
 last heard from it.
 
@@ -32,9 +33,11 @@ import torch
 
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import SearchConfig
+from tba.errors import UserError
 from tba.models.generation import ended_with_eos, response_logprobs
 from tba.rollout.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
 from tba.rollout.samplers.base import Sampler
+from tba.rollout.stream import Stream, WeightSync
 from tba.tasks.base import Prompt, TaskAdapter
 
 
@@ -66,12 +69,13 @@ class SearcherStats:
 @dataclass
 class _Batch:
     """One batch's responses, prompt-major (S per prompt): token ids, behaviour log-probs, policy masks (empty:
-    single-turn) and rewards (None: dropped)."""
+    single-turn), rewards (None: dropped) and per-token versions (empty: all the searcher's version)."""
 
     responses: list[list[int]]
     behaviour: list[list[float]]
     masks: list[list[int]]
     rewards: list[float | None]
+    versions: list[list[int]]
 
 
 class Searcher:
@@ -94,9 +98,21 @@ class Searcher:
         random.Random(seed).shuffle(self._order)
         self._cursor = 0
         self._prompt_tokens: dict[int, list[int]] = {}
+        self.stream = None
+        if cfg.batching == "continuous":
+            if self.task.episodic:
+                raise UserError("search.batching=continuous: multi-turn episodes are generated turn by turn in "
+                                "static batches (not built yet); use search.batching=static — "
+                                "search.weight_update=in_flight still loads weights between turns")
+            engine = sampler.stream(cfg.slots or cfg.prompts_per_batch * cfg.generations_per_prompt,
+                                    temperature=cfg.temperature, top_p=cfg.top_p)
+            self.stream = Stream(engine, num_samples=cfg.generations_per_prompt, max_new_tokens=cfg.max_new_tokens,
+                                 weight_update=cfg.weight_update)
 
     def state_dict(self) -> dict:
-        return {"cursor": self._cursor, **{k: getattr(self.stats, k) for k in SearcherStats.COUNTERS}}
+        oldest = self.stream.oldest() if self.stream is not None else None
+        return {"cursor": self._cursor if oldest is None else oldest,
+                **{k: getattr(self.stats, k) for k in SearcherStats.COUNTERS}}
 
     def load_state_dict(self, state: dict) -> None:
         self._cursor = state["cursor"] % len(self._order)
@@ -116,6 +132,12 @@ class Searcher:
             self._cursor = (self._cursor + 1) % len(self._order)
         return batch
 
+    def _feed(self) -> tuple[Prompt, list[int], int]:
+        walk = self._cursor
+        prompt = self.prompts[self._order[walk]]
+        self._cursor = (walk + 1) % len(self._order)
+        return prompt, self._tokens(prompt), walk
+
     def _tokens(self, prompt: Prompt) -> list[int]:
         if prompt.id not in self._prompt_tokens:
             self._prompt_tokens[prompt.id] = self.tokenizer(prompt.text)["input_ids"]
@@ -129,14 +151,20 @@ class Searcher:
         return out
 
     @torch.no_grad()
-    def step(self) -> list[Group]:
-        """One search iteration: prompts_per_batch prompts × S samples → one Group per prompt."""
+    def step(self, sync: WeightSync | None = None) -> list[Group]:
+        """One search iteration: prompts_per_batch prompts × S samples → one Group per prompt. `sync`: where the
+        trainer's newest weights come from (None: a searcher that never loads them, or is loaded from outside)."""
         t0 = time.perf_counter()
         self.stats.batches += 1
-        prompts = self._next_prompts()
-        prompt_tokens = [self._tokens(p) for p in prompts]
-        make = self._episodes if self.task.episodic else self._completions
-        batch = make(prompts, prompt_tokens)
+        if self.stream is not None:
+            prompts, prompt_tokens, batch = self._streamed(sync)
+        else:
+            if sync is not None:
+                sync.load()
+            prompts = self._next_prompts()
+            prompt_tokens = [self._tokens(p) for p in prompts]
+            batch = (self._episodes(prompts, prompt_tokens, sync) if self.task.episodic
+                     else self._completions(prompts, prompt_tokens))
         groups = self._groups(prompts, prompt_tokens, batch)
         self.stats.samples_generated += len(batch.responses)
         self.stats.tokens_generated += sum(len(r) for r in batch.responses)
@@ -156,18 +184,35 @@ class Searcher:
             samples = [Sample(response=batch.responses[j],
                               ref_logprobs=policy_logprobs(ref_logp[j, : len(batch.responses[j])].tolist(),
                                                            batch.masks[j]),
-                              reward=batch.rewards[j], version=self.version, behaviour_logprobs=batch.behaviour[j],
-                              source=self.source, policy_mask=batch.masks[j])
+                              reward=batch.rewards[j], version=batch.versions[j][0] if batch.versions[j] else
+                              self.version, behaviour_logprobs=batch.behaviour[j], source=self.source,
+                              policy_mask=batch.masks[j],
+                              versions=batch.versions[j] if len(set(batch.versions[j])) > 1 else [])
                        for j in range(i * s, (i + 1) * s) if batch.rewards[j] is not None]
             if samples:
                 groups.append(Group(prompt_id=prompt.id, prompt_tokens=prompt_tokens[i], samples=samples,
                                     source=self.source))
         return groups
 
+    def _streamed(self, sync: WeightSync | None) -> tuple[list[Prompt], list[list[int]], _Batch]:
+        """Continuous batching: the next prompts_per_batch prompts whose samples have all ended."""
+        t = self.stream.generate_s
+        done = self.stream.run(self.cfg.prompts_per_batch, self._feed, lambda: self.version, sync)
+        self.stats.generate_s += self.stream.generate_s - t
+        finished = [o.done[i] for o in done for i in range(self.cfg.generations_per_prompt)]
+        prompts, prompt_tokens = [o.prompt for o in done], [o.tokens for o in done]
+        batch = self._scored(prompts, [(f.tokens, f.logprobs) for f in finished])
+        batch.versions = [f.versions for f in finished]
+        return prompts, prompt_tokens, batch
+
     def _completions(self, prompts: list[Prompt], prompt_tokens: list[list[int]]) -> _Batch:
         """Single-turn: S completions per prompt from the sampler, scored by the task's reward."""
+        outputs = self._generate(prompt_tokens, self.cfg.generations_per_prompt, self.cfg.max_new_tokens)
+        return self._scored(prompts, outputs)
+
+    def _scored(self, prompts: list[Prompt], outputs: list[tuple[list[int], list[float]]]) -> _Batch:
+        """Single-turn: S completions per prompt, prompt-major, scored by the task's reward."""
         s = self.cfg.generations_per_prompt
-        outputs = self._generate(prompt_tokens, s, self.cfg.max_new_tokens)
         responses = [r for r, _ in outputs]
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         finished = ended_with_eos(responses, self.tokenizer.eos_token_id)
@@ -176,14 +221,19 @@ class Searcher:
             self.stats.rewards_dropped += sum(r is None for r in rewards)
             self.stats.last_reward_error = error
         self.stats.reward_metrics = self.task.reward_metrics()
-        return _Batch(responses, [b for _, b in outputs], [[] for _ in outputs], rewards)
+        return _Batch(responses, [b for _, b in outputs], [[] for _ in outputs], rewards, [[] for _ in outputs])
 
-    def _episodes(self, prompts: list[Prompt], prompt_tokens: list[list[int]]) -> _Batch:
+    def _episodes(self, prompts: list[Prompt], prompt_tokens: list[list[int]], sync: WeightSync | None) -> _Batch:
         """Multi-turn: S episodes per prompt, each turn from the sampler; failed episodes get None (dropped) and
-        every end is counted by reason."""
+        every end is counted by reason. In flight, each turn starts with the newest published weights."""
+        def version() -> int:
+            if sync is not None and self.cfg.weight_update == "in_flight":
+                sync.load()
+            return self.version
+
         episodes = run_episodes(lambda contexts, n: self._generate(contexts, 1, n), self.tokenizer, self.task,
                                 prompts, prompt_tokens, num_samples=self.cfg.generations_per_prompt,
-                                max_new_tokens=self.cfg.max_new_tokens, limits=Limits.of(self.cfg))
+                                max_new_tokens=self.cfg.max_new_tokens, limits=Limits.of(self.cfg), version=version)
         for e in episodes:
             self.stats.episode_ends[e.end] += 1
             if e.reward is None:
@@ -194,4 +244,4 @@ class Searcher:
             "episode/turns_mean": sum(e.turns for e in episodes) / max(len(episodes), 1),
             "episode/tokens_mean": sum(len(e.tokens) for e in episodes) / max(len(episodes), 1)}
         return _Batch([e.tokens for e in episodes], [e.logprobs for e in episodes], [e.mask for e in episodes],
-                      [e.reward for e in episodes])
+                      [e.reward for e in episodes], [e.versions for e in episodes])

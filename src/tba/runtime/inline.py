@@ -18,11 +18,29 @@ from tba.rollout.searcher import Searcher
 from tba.runtime.worker import RuntimeParts, WorkerStats, build_sampler, restore_searcher, worker_report
 
 
+class Published:
+    """The trainer's last publication, which an inline searcher loads when its step asks (a WeightSync, as a
+    worker's receiver is: before a batch, or in flight). Inline, the trainer does not train while a searcher
+    steps, so the published tensors are still that version's when they load."""
+
+    def __init__(self, searcher: Searcher):
+        self.searcher, self.weights, self.version = searcher, None, -1
+
+    def pending(self) -> bool:
+        return self.weights is not None and self.version > self.searcher.version
+
+    def load(self) -> None:
+        if self.pending():
+            self.searcher.load_weights(self.weights, self.version)
+        self.weights = None
+
+
 class InlineRuntime:
     def __init__(self, searchers: list[Searcher], synced: list[bool]):
         """`searchers`, one per searcher spec of the run (usually one); `synced[i]`: searcher i loads the
         trainer's published weights (False: a fixed behaviour policy)."""
         self.all, self.synced = searchers, synced
+        self.published = [Published(s) if on else None for s, on in zip(searchers, synced, strict=True)]
         self.t_start = time.perf_counter()
 
     @property
@@ -42,12 +60,12 @@ class InlineRuntime:
     def collect(self, block: bool = True) -> list[Group]:
         """Inline, search happens only when asked: one fresh search iteration of every searcher, in rank order
         (the runtime is always sync)."""
-        return [g for s in self.all for g in s.step()]
+        return [g for s, p in zip(self.all, self.published, strict=True) for g in s.step(p)]
 
     def publish(self, weights, version: int) -> None:
-        for searcher, synced in zip(self.all, self.synced, strict=True):
-            if synced:
-                searcher.load_weights(weights, version)
+        for p in self.published:
+            if p is not None:
+                p.weights, p.version = weights, version
 
     def report(self) -> RuntimeReport:
         """States carry no RNG: the searchers share the trainer process's RNG, which the checkpoint saves."""

@@ -143,18 +143,24 @@ class WorkerStats:
 
 class Worker:
     """A searcher where a runtime hosts it (a process, a Ray actor): one batch per `step`, the newest published
-    weights loaded first when it follows the trainer (`synced`), and what the trainer hears with each batch. The
-    same for every runtime: only how `step` is called and how its result travels differ."""
+    weights loaded when the searcher asks (first, or in flight: search.weight_update) if it follows the trainer
+    (`synced`), and what the trainer hears with each batch. The same for every runtime: only how `step` is called
+    and how its result travels differ."""
 
     def __init__(self, searcher, rank: int, synced: bool, receiver):
         self.searcher, self.rank, self.synced, self.receiver = searcher, rank, synced, receiver
         self.t_start, self.sync_s = time.perf_counter(), 0.0
 
     def step(self) -> tuple[list, WorkerStats]:
-        if self.synced:  # a fixed behaviour (a group that never syncs) keeps its own weights
-            self.sync_s += self.receiver.poll(self.searcher)
-        groups = self.searcher.step()
+        groups = self.searcher.step(self if self.synced else None)  # a fixed behaviour keeps its own weights
         return groups, WorkerStats.of(self.searcher, self.rank, self.t_start, self.sync_s)
+
+    # the searcher's tba.rollout.stream.WeightSync: the transport's receiver
+    def pending(self) -> bool:
+        return self.receiver.pending(self.searcher)
+
+    def load(self) -> None:
+        self.sync_s += self.receiver.poll(self.searcher)
 
 
 def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None], placement: list[dict],

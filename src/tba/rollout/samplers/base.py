@@ -40,6 +40,11 @@ class Sampler(Protocol):
         """For each prompt and then each of its samples: response ids (cut after the first EOS, which is kept)
         and the per-token log-probs of the distribution they were sampled from (logits ÷ T, top-k off)."""
 
+    def stream(self, slots: int, *, temperature: float, top_p: float):
+        """A continuous batch of `slots` rows over this sampler's policy (tba.models.continuous.ContinuousBatch:
+        submit, step(version), hold, active, idle) for search.batching=continuous; a backend without one raises
+        UserError."""
+
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Replace the policy's weights in place with the trainer's (version = updates applied)."""
 

@@ -12,6 +12,7 @@ import time
 import torch
 
 from tba.models import apply_lora, load_model, load_synced
+from tba.models.continuous import ContinuousBatch
 from tba.models.generation import generate
 from tba.rollout.quantize import QuantizedModel
 from tba.rollout.samplers.base import SamplerSpec
@@ -36,6 +37,10 @@ class HFSampler:
                  max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
         return generate(self.sampling, prompts, num_samples=num_samples, temperature=temperature, top_p=top_p,
                         max_new_tokens=max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id)
+
+    def stream(self, slots: int, *, temperature: float, top_p: float) -> ContinuousBatch:
+        return ContinuousBatch(self.sampling, slots, temperature=temperature, top_p=top_p, eos_id=self.eos_id,
+                               pad_id=self.pad_id)
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         load_synced(self.model, weights)

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
+from tba.errors import UserError
 from tba.models import DTYPES, apply_lora, load_model, load_synced
 from tba.models.sources import resolve_source
 from tba.rollout.samplers.base import SamplerSpec
@@ -184,6 +185,10 @@ class VLLMSampler:
                 lp = completion.logprobs  # per position: the sampled token's entry comes first
                 results.append((list(completion.token_ids), [lp.logprobs[i] for i in lp.start_indices]))
         return results
+
+    def stream(self, slots: int, *, temperature: float, top_p: float):
+        raise UserError("search.batching=continuous is built for the hf backend: vLLM batches continuously within "
+                        "each generate call, but requests submitted as slots free are not built yet")
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         if self.policy is not None:

@@ -43,6 +43,10 @@ class WeightReceiver(Protocol):
     def poll(self, searcher) -> float:
         """Load newer weights if there are any; returns the seconds spent (0.0 if nothing was loaded)."""
 
+    def pending(self, searcher) -> bool:
+        """Newer weights than the searcher's are ready to load (a between-batches update under continuous
+        batching then lets the rows in flight end first)."""
+
     def close(self) -> None:
         """Stop background work (threads, group membership)."""
 
@@ -156,6 +160,9 @@ class SharedReceiver:
 
     def load_initial(self, searcher) -> None:
         self._load(searcher)
+
+    def pending(self, searcher) -> bool:
+        return self.spec.version.value > searcher.version
 
     def poll(self, searcher) -> float:
         if self.spec.version.value <= searcher.version:

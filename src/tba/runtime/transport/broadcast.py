@@ -332,6 +332,10 @@ class BroadcastReceiver:
                 raise RuntimeError(f"no weights arrived by broadcast within {self.spec.timeout_s:.0f}s")
             time.sleep(POLL_S)
 
+    def pending(self, searcher) -> bool:
+        self._check()
+        return self.ready_version is not None and self.ready_version > searcher.version
+
     def poll(self, searcher) -> float:
         self._check()
         v = self.ready_version

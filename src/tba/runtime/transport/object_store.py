@@ -65,22 +65,25 @@ class ObjectStoreReceiver:
     """Holds the weights the last call carried until the searcher loads them (on its own device)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.pending = device, None
+        self.device, self.waiting = device, None
 
     def offer(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        self.pending = (version, weights)
+        self.waiting = (version, weights)
 
     def load_initial(self, searcher) -> None:
         self.poll(searcher)  # nothing before the first call: the searcher starts from its model sources
 
+    def pending(self, searcher) -> bool:
+        return self.waiting is not None and self.waiting[0] > searcher.version
+
     def poll(self, searcher) -> float:
-        if self.pending is None or self.pending[0] <= searcher.version:
+        if self.waiting is None or self.waiting[0] <= searcher.version:
             return 0.0
         t0 = time.perf_counter()
-        version, weights = self.pending
+        version, weights = self.waiting
         searcher.load_weights({k: v.to(self.device) for k, v in weights.items()}, version)
-        self.pending = None
+        self.waiting = None
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        self.pending = None
+        self.waiting = None
