@@ -13,7 +13,7 @@ import torch
 
 from tba.models import apply_lora, load_model, load_synced
 from tba.models.continuous import ContinuousBatch
-from tba.models.generation import generate
+from tba.models.generation import DecodeStats, generate
 from tba.rollout.quantize import QuantizedModel
 from tba.rollout.samplers.base import SamplerSpec
 
@@ -23,6 +23,8 @@ class HFSampler:
         self.model = model.eval()
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.quantize, self.quantize_s, self.quantized = quantize, 0.0, None
+        self.decode = DecodeStats()
+        """What the static decode loop's steps were spent on (bench/perf/continuous.py reads it)."""
         if quantize != "none":
             t0 = time.perf_counter()
             self.quantized = QuantizedModel(self.model, quantize)
@@ -36,7 +38,7 @@ class HFSampler:
     def generate(self, prompts: list[list[int]], *, num_samples: int, temperature: float, top_p: float,
                  max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
         return generate(self.sampling, prompts, num_samples=num_samples, temperature=temperature, top_p=top_p,
-                        max_new_tokens=max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id)
+                        max_new_tokens=max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id, stats=self.decode)
 
     def stream(self, slots: int, *, temperature: float, top_p: float) -> ContinuousBatch:
         return ContinuousBatch(self.sampling, slots, temperature=temperature, top_p=top_p, eos_id=self.eos_id,

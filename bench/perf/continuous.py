@@ -1,0 +1,150 @@
+"""Searcher throughput, static against continuous batching: useful tokens/s (response tokens of the samples a
+searcher delivers ÷ wall seconds, π_ref scoring and rewards included) on a recipe's own searcher.
+
+    python -m bench.perf.continuous --recipes smollm2_rg_long_cpu smollm2_rg_cpu --groups 24 --repeats 3
+    python -m bench.perf.continuous --smoke      # the tiny builtin model, seconds (CI); the numbers mean nothing
+
+Each repeat builds the recipe's searcher (tba.rollout.searcher.Searcher over the hf sampler, the recipe's search
+section, one torch thread: a searcher's share of two cores beside the trainer) twice — search.batching=static
+and =continuous, the same model, prompts, temperature and seed — and steps each until it has delivered
+`--groups` groups after an untimed warm-up of two turnovers of its rows (a searcher runs for a whole run: its
+steady state is what counts). A continuous searcher enters the timed window with rows in flight and leaves with
+others, which are not counted as delivered; so the table also gives tokens sampled in the window ÷ its wall time,
+which in the steady state is the same rate without that edge (for static batching the two are equal). Static and
+continuous alternate within a repeat so that a busy machine slows
+both alike. `--slots` adds continuous batching with that many rows in flight (default: the static batch's rows).
+
+Also reported, from the decode loops' own counters (tba.models.generation.DecodeStats): the share of row
+computations that produced no token (a finished row still in the batch, padding, an empty slot) and the share
+of the batch's capacity — rows at the start (static) or slots (continuous) × steps — that produced none.
+Writes --results (default bench/results/continuous/continuous.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.lib.header import header
+from bench.lib.paths import RESULTS
+from tba.config import load_config
+from tba.models.generation import DecodeStats
+from tba.rollout.samplers.hf import HFSampler
+from tba.rollout.searcher import Searcher
+from tba.run.build import build_models, build_task
+from tba.tasks.prepare import apply_chat_template, fit_prompts, prompt_limit
+
+SMOKE = ["model.policy=builtin", "task.name=arith", "task.options={}", "task.chat_template=false",
+         "search.max_new_tokens=16", "sft.steps=2"]
+
+
+def make(recipe: str, overrides: list[str]):
+    cfg = load_config(recipe, overrides)
+    task = build_task(cfg)
+    tokenizer, policy, reference, _ = build_models(cfg, task)
+    apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)
+    fit_prompts(task, tokenizer, prompt_limit(cfg.task.max_prompt_tokens, policy, cfg.search.max_new_tokens),
+                cfg.task.long_prompts)
+    return cfg, task, tokenizer, policy.eval(), reference.eval()
+
+
+def measure(cfg, task, tokenizer, policy, reference, batching: str, groups: int, seed: int,
+            slots: int | None = None) -> dict:
+    import dataclasses
+
+    search = dataclasses.replace(cfg.search, batching=batching, slots=slots)
+    sampler = HFSampler(policy, tokenizer)
+    searcher = Searcher(sampler, reference, tokenizer, task, search, seed=seed)
+    torch.manual_seed(seed)
+    # warm-up, not timed: a searcher runs for a whole run, so what counts is its steady state — for continuous
+    # batching, rows in flight at every stage of their lives, reached after the slots have turned over twice
+    warm = 0
+    while warm < 2 * (search.slots or search.prompts_per_batch * search.generations_per_prompt):
+        warm += sum(len(g.samples) for g in searcher.step())
+    generate0 = searcher.stats.generate_s
+    stats = searcher.stream.engine.stats if searcher.stream is not None else sampler.decode
+    before = DecodeStats()
+    before.add(stats)
+    delivered, tokens, lengths = 0, 0, []
+    t0 = time.perf_counter()
+    while delivered < groups:
+        for g in searcher.step():
+            delivered += 1
+            tokens += sum(len(s.response) for s in g.samples)
+            lengths += [len(s.response) for s in g.samples]
+    wall = time.perf_counter() - t0
+    timed = DecodeStats(*(getattr(stats, k) - getattr(before, k) for k in ("steps", "row_steps", "tokens",
+                                                                           "slot_steps")))
+    return {"batching": batching, "seed": seed, "groups": delivered, "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall, "sampled_tokens": timed.tokens,
+            "sampled_tokens_per_s": timed.tokens / wall, "generate_s": searcher.stats.generate_s - generate0,
+            "row_waste": 1 - timed.tokens / max(timed.row_steps, 1),
+            "capacity_waste": 1 - timed.tokens / max(timed.slot_steps, 1), "decode_steps": timed.steps,
+            "length_median": statistics.median(lengths), "length_p90": sorted(lengths)[int(0.9 * len(lengths))],
+            "length_max": max(lengths)}
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| recipe | batching | useful tokens/s (median) | ratio to static (median of repeats) | worst repeat "
+           "ratio | sampled tokens/s, ratio (median) | row computations without a token | capacity without a token "
+           "| response length median / p90 / max |", "|---|---|---|---|---|---|---|---|---|"]
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        mine = [r for r in rows if r["recipe"] == recipe]
+        static = {r["repeat"]: r for r in mine if r["batching"] == "static"}
+        for batching, slots in dict.fromkeys((r["batching"], r["slots"]) for r in mine):
+            rs = [r for r in mine if (r["batching"], r["slots"]) == (batching, slots)]
+            name = batching if slots is None else f"{batching}, {slots} slots"
+            ratios = [r["tokens_per_s"] / static[r["repeat"]]["tokens_per_s"] for r in rs]
+            sampled = [r["sampled_tokens_per_s"] / static[r["repeat"]]["sampled_tokens_per_s"] for r in rs]
+            out.append(f"| {recipe} | {name} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | "
+                       f"{statistics.median(ratios):.2f}× | {min(ratios):.2f}× | "
+                       f"{statistics.median(r['sampled_tokens_per_s'] for r in rs):.1f}, "
+                       f"{statistics.median(sampled):.2f}× | "
+                       f"{statistics.median(r['row_waste'] for r in rs):.0%} | "
+                       f"{statistics.median(r['capacity_waste'] for r in rs):.0%} | "
+                       f"{statistics.median(r['length_median'] for r in rs):g} / "
+                       f"{statistics.median(r['length_p90'] for r in rs):g} / "
+                       f"{max(r['length_max'] for r in rs)} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recipes", nargs="+", default=["smollm2_rg_long_cpu", "smollm2_rg_cpu"])
+    ap.add_argument("--groups", type=int, default=24, help="groups delivered per measurement")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--slots", type=int, nargs="*", default=[], help="continuous batching with these rows too")
+    ap.add_argument("--results", type=Path, default=RESULTS / "continuous" / "continuous.md")
+    ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
+    ap.add_argument("overrides", nargs="*", help="config overrides applied to every recipe")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    recipes = ["arith_tiny_cpu"] if args.smoke else args.recipes
+    overrides = [*SMOKE, *args.overrides] if args.smoke else list(args.overrides)
+    groups, repeats = (2, 1) if args.smoke else (args.groups, args.repeats)
+    rows = []
+    for recipe in recipes:
+        parts = make(recipe, overrides)
+        for repeat in range(repeats):
+            for batching, slots in [("static", None), ("continuous", None),
+                                    *[("continuous", n) for n in args.slots]]:
+                row = {"recipe": recipe, "repeat": repeat, "slots": slots,
+                       **measure(*parts, batching, groups, seed=repeat, slots=slots)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    md = table(rows)
+    print(md)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    head = header(__spec__.name, f"one torch thread; {groups} groups delivered per measurement; {repeats} repeats, "
+                  "static and continuous alternating", argv=argv)
+    args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()
