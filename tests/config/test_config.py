@@ -224,11 +224,3 @@ def test_every_unknown_key_of_an_entry_is_reported_at_once(tmp_path):
     assert "'search.groups[0].sink'" in message and "\n" not in message
     with pytest.raises(ConfigError, match=r"unknown config keys 'trainer.stepz' .*'trainer.lrr'"):
         load_config(None, ["trainer={stepz: 3, lrr: 0.1}"])
-
-
-def test_continuous_batching_is_refused_for_a_backend_that_does_not_have_it():
-    with pytest.raises(ConfigError, match="search.batching=continuous is built for the hf backend"):
-        load_config(None, ["search.batching=continuous", "search.backend=vllm"])
-    with pytest.raises(ConfigError, match="'teacher' uses backend 'vllm'"):
-        load_config(None, ["search.batching=continuous",
-                           "search.groups=[{name: policy}, {name: teacher, backend: vllm}]"])

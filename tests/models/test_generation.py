@@ -239,3 +239,23 @@ def test_the_decode_loop_passes_the_cache_under_the_name_transformers_expects(ti
         warnings.simplefilter("error")
         _sample(tiny_model, tiny_tokenizer, prompts, num_samples=2, max_new_tokens=4)
     assert "deprecated" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prompt_scoring_equals_the_full_forward(family_model, tiny_tokenizer, prompts, temperature):
+    """π_ref scores S samples per prompt with the prompt run once (its cache repeated): the same log-probs as
+    scoring prompt + response per sample, on every family; responses of different lengths, one of a single token."""
+    from tba.models.generation import shared_prompt_logprobs
+
+    s, pad = 3, tiny_tokenizer.pad_token_id
+    torch.manual_seed(0)
+    out = generate(family_model, prompts, num_samples=s, temperature=1.0, max_new_tokens=10,
+                   eos_id=tiny_tokenizer.eos_token_id, pad_id=pad)
+    responses = [r for r, _ in out]
+    responses[1] = responses[1][:1]
+    flat = [p for p in prompts for _ in range(s)]
+    with torch.no_grad():
+        full, mask = response_logprobs(family_model, flat, responses, temperature, pad)
+    shared = shared_prompt_logprobs(family_model, prompts, responses, s, temperature, pad)
+    assert shared.shape == full.shape
+    torch.testing.assert_close(shared * mask, full, atol=2e-5, rtol=0)

@@ -105,7 +105,8 @@ class SearchConfig:
     task (one with an environment): the longest policy turn."""
     batching: str = setting("static", one_of(BATCHING))
     """static: each search batch (prompts_per_batch × S rows) decodes until its longest response ends.
-    continuous (hf backend, single-turn tasks): `slots` rows stay in flight and a row that ends hands its slot to
+    continuous (single-turn tasks; hf: tba.models.continuous, vllm: requests submitted to its scheduler as slots
+    free): `slots` rows stay in flight and a row that ends hands its slot to
     the next prompt's sample (tba.models.continuous); a prompt's group is delivered when its last sample ends, and a
     search step returns once prompts_per_batch groups are."""
     weight_update: str = setting("between_batches", one_of(WEIGHT_UPDATES))
@@ -145,17 +146,10 @@ class SearchConfig:
     of num_searchers searchers with the settings above."""
 
     def check(self) -> None:
-        if self.batching == "continuous" and self.backend != "hf":
-            raise ConfigError(f"search.batching=continuous is built for the hf backend, not {self.backend!r} "
-                              "(vLLM batches continuously within each generate call): use search.batching=static")
         if self.groups is None:
             return
         if not self.groups:
             raise ConfigError("search.groups: an empty list; leave it null for one group of search.num_searchers")
-        for g in self.groups:
-            if self.batching == "continuous" and g.backend not in (None, "hf"):
-                raise ConfigError(f"search.groups: {g.name!r} uses backend {g.backend!r}; search.batching=continuous "
-                                  "is built for the hf backend only")
         names = [g.name for g in self.groups]
         if len(set(names)) != len(names):
             raise ConfigError(f"search.groups: names must differ, got {names}")

@@ -43,7 +43,9 @@ class Finished:
 
 
 @dataclass
-class _Row:
+class Row:
+    """A sample in flight."""
+
     key: object
     index: int
     budget: int
@@ -78,7 +80,7 @@ class ContinuousBatch:
         self.eos_id, self.pad_id = eos_id, pad_id
         self.refill = refill if refill is not None else max(1, math.ceil(slots / 8))
         self.queue: deque[tuple[object, list[int], int, int]] = deque()
-        self.rows: list[_Row | None] = [None] * slots
+        self.rows: list[Row | None] = [None] * slots
         self.prefills: dict[object, _Prefill] = {}
         self.hold = False
         """True: admit nothing (the rows in flight drain: a between-batches weight update waits for that)."""
@@ -143,7 +145,7 @@ class ContinuousBatch:
             self.attn[slot].zero_()
             self.attn[slot, self.t - n:self.t] = 1
             self.pos[slot] = n
-            self.rows[slot] = _Row(key, index, budget, n)
+            self.rows[slot] = Row(key, index, budget, n)
         waiting = {k for k, *_ in self.queue}
         for key in {key for key, *_ in taken} - waiting:
             self.prefills.pop(key, None)  # every sample of it admitted

@@ -34,7 +34,7 @@ import torch
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import SearchConfig
 from tba.errors import UserError
-from tba.models.generation import ended_with_eos, response_logprobs
+from tba.models.generation import ended_with_eos, shared_prompt_logprobs
 from tba.rollout.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
 from tba.rollout.samplers.base import Sampler
 from tba.rollout.stream import Stream, WeightSync
@@ -176,9 +176,8 @@ class Searcher:
         """The batch as one Group per prompt: every kept sample with its π_ref log-probs (the environment's
         tokens zeroed) at the scoring temperature."""
         s = self.cfg.generations_per_prompt
-        flat_prompts = [pt for pt in prompt_tokens for _ in range(s)]
-        ref_logp, _ = response_logprobs(self.reference, flat_prompts, batch.responses, self.scoring_temperature,
-                                        self.tokenizer.pad_token_id)  # [N, R]
+        ref_logp = shared_prompt_logprobs(self.reference, prompt_tokens, batch.responses, s, self.scoring_temperature,
+                                          self.tokenizer.pad_token_id)  # [N, R]
         groups = []
         for i, prompt in enumerate(prompts):
             samples = [Sample(response=batch.responses[j],

@@ -151,6 +151,34 @@ class TestFloat32:
         assert stats["mean"] < 1e-4 and stats["outside"] == 0
         sampler.load_weights(model.state_dict(), 3)  # back to the fixture's weights for the other tests
 
+    def test_a_stream_submits_samples_as_slots_free_and_records_in_flight_versions(self, engine):
+        """search.batching=continuous on vLLM: every submitted sample comes back whole, with the HF recomputation's
+        log-probs while the weights are unchanged; a reload between two steps leaves the requests in flight going,
+        and their later tokens record the new version."""
+        sampler, model = engine
+        stream = sampler.stream(4, temperature=T, top_p=1.0)
+        prompts = _prompts(3, 6, seed=5)
+        for i, p in enumerate(prompts):
+            stream.submit(i, p, 3, 10)
+        done, step = [], 0
+        while not stream.idle:
+            done += stream.step(0)
+            step += 1
+            assert stream.active <= 4 and step < 500
+        assert sorted((f.key, f.index) for f in done) == [(i, j) for i in range(3) for j in range(3)]
+        with torch.no_grad():
+            ref, _ = response_logprobs(model, [prompts[f.key] for f in done], [f.tokens for f in done], T, 0)
+        for j, f in enumerate(done):
+            assert len(f.logprobs) == len(f.tokens) == len(f.versions) and set(f.versions) == {0}
+            assert f.logprobs == pytest.approx(ref[j, : len(f.tokens)].tolist(), abs=1e-4)
+        for i, p in enumerate(prompts):
+            stream.submit(i, p, 2, 12)
+        mixed = stream.step(0) + stream.step(0)
+        sampler.load_weights(model.state_dict(), 1)  # the same weights as version 1, mid-flight
+        while not stream.idle:
+            mixed += stream.step(1)
+        assert len(mixed) == 6 and any(f.versions[0] == 0 and f.versions[-1] == 1 for f in mixed)
+
     def test_same_seed_same_samples(self, engine):
         sampler, _ = engine
         runs = []

@@ -41,7 +41,6 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
-from tba.errors import UserError
 from tba.models import DTYPES, apply_lora, load_model, load_synced
 from tba.models.sources import resolve_source
 from tba.rollout.samplers.base import SamplerSpec
@@ -186,9 +185,8 @@ class VLLMSampler:
                 results.append((list(completion.token_ids), [lp.logprobs[i] for i in lp.start_indices]))
         return results
 
-    def stream(self, slots: int, *, temperature: float, top_p: float):
-        raise UserError("search.batching=continuous is built for the hf backend: vLLM batches continuously within "
-                        "each generate call, but requests submitted as slots free are not built yet")
+    def stream(self, slots: int, *, temperature: float, top_p: float) -> VLLMStream:
+        return VLLMStream(self, slots, temperature=temperature, top_p=top_p)
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         if self.policy is not None:
@@ -218,7 +216,8 @@ class VLLMSampler:
                 for name, t in items)
         with torch.no_grad():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast, "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()
+        if not self.llm.llm_engine.has_unfinished_requests():  # in flight (VLLMStream): requests keep their blocks
+            self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         """Shut the in-process engine down and tear down vLLM's one-process torch.distributed group, so that
@@ -237,3 +236,80 @@ def build(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, polic
     """`search.backend=vllm` (tba.rollout.samplers.SAMPLERS): an engine over `source` (a save_pretrained directory or
     hub name; it loads its own copy, so `policy` is not used)."""
     return VLLMSampler(source, tokenizer, spec=spec, device=device, seed=seed)
+
+
+class VLLMStream:
+    """search.batching=continuous on vLLM (tba.rollout.stream drives it as it drives tba.models.continuous): one
+    request per sample, submitted to the engine as slots free, so vLLM's own scheduler batches whatever is in
+    flight; each engine step streams back the tokens it sampled (RequestOutputKind.DELTA), so every token records
+    the policy version of the step that sampled it. Weights loaded in flight (`VLLMSampler.load_weights` between
+    two steps) leave the requests in flight with their KV blocks, and the prefix cache is reset only once no
+    request holds blocks: a newly admitted sample of a prompt may reuse that prompt's blocks of an older version
+    until then, as a row in flight reuses its own."""
+
+    def __init__(self, sampler: VLLMSampler, slots: int, *, temperature: float, top_p: float):
+        from collections import deque
+
+        from tba.models.generation import DecodeStats
+
+        self.sampler, self.slots, self.temperature, self.top_p = sampler, slots, temperature, top_p
+        self.queue: deque = deque()
+        self.running: dict[str, object] = {}
+        self.hold = False
+        self.stats = DecodeStats()
+        self.serial = 0
+
+    def submit(self, key, prompt: list[int], num_samples: int, max_new_tokens: int) -> None:
+        for i in range(num_samples):
+            self.queue.append((key, prompt, i, max_new_tokens))
+
+    @property
+    def active(self) -> int:
+        return len(self.running)
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.running
+
+    def step(self, version: int) -> list:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        from tba.models.continuous import Finished, Row
+
+        engine = self.sampler.llm.llm_engine
+        while self.queue and not self.hold and len(self.running) < self.slots:
+            key, prompt, index, budget = self.queue.popleft()
+            params = SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, top_k=0, max_tokens=budget,
+                                    stop_token_ids=[self.sampler.eos_id], logprobs=0, flat_logprobs=True,
+                                    detokenize=False, seed=self.sampler._rng.getrandbits(62),
+                                    output_kind=RequestOutputKind.DELTA)
+            rid = f"tba-{self.serial}"
+            self.serial += 1
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+            self.running[rid] = Row(key, index, budget, len(prompt))
+        if not self.running:
+            return []
+        device = self.sampler.device
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            outputs = engine.step()
+        self.stats.steps += 1
+        self.stats.row_steps += len(self.running)
+        self.stats.slot_steps += self.slots
+        finished = []
+        for out in outputs:
+            row = self.running.get(out.request_id)
+            if row is None:
+                continue
+            completion = out.outputs[0]
+            new = list(completion.token_ids)
+            lp = completion.logprobs
+            row.tokens += new
+            row.logprobs += [lp.logprobs[i] for i in lp.start_indices][-len(new):] if new else []
+            row.versions += [version] * len(new)
+            self.stats.tokens += len(new)
+            if out.finished:
+                finished.append(Finished(row.key, row.index, row.tokens, row.logprobs, row.versions))
+                del self.running[out.request_id]
+        return finished
