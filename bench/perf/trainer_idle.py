@@ -8,7 +8,8 @@ default), continuous batching with between-batch updates, and continuous batchin
 Per run, from its summary.json and metrics.jsonl: trainer_busy_fraction (the share of the training clock the
 trainer spent updating rather than waiting for samples: 1 − idle), samples received per second of training, the
 replay ratio, the mean staleness (first token / per token) and the share of drawn samples that span versions.
-Evaluation is switched off (eval.every_steps above the run) so both clocks measure search and training only.
+Evaluation is switched off (eval.every_steps above the run; the start and end evaluations score 20 held-out
+problems) so the training clock measures search and training only.
 Writes --results (default bench/results/continuous/trainer_idle.md).
 """
 
@@ -36,7 +37,7 @@ def run_one(recipe: str, setting: str, seed: int, out: Path, overrides: list[str
 
     cfg = load_config(recipe, [f"seed={seed}", f"output_dir={out}", *SETTINGS[setting], "runtime=local",
                                "mode=async", "logging.progress=false", "logging.tensorboard=false",
-                               "eval.every_steps=100000", *overrides])
+                               "eval.every_steps=100000", "task.test_size=20", *overrides])
     s = train(cfg, overwrite=True)
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {"setting": setting, "seed": seed, "busy_fraction": s["trainer_busy_fraction"],
