@@ -98,8 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     overrides = [*SMOKE, *args.overrides] if args.smoke else list(args.overrides)
     rows = []
     for task in args.tasks:
