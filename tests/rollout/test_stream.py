@@ -112,3 +112,19 @@ def test_continuous_batching_of_episodes_says_what_to_use(tiny_model, tiny_token
 
     with pytest.raises(UserError, match="search.batching=static"):
         _searcher(tiny_model, tiny_tokenizer, GuessNumberTask(train_size=8, test_size=2))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8_weight"])
+def test_a_quantized_searcher_streams_from_the_quantized_copy_of_each_loaded_version(tiny_model, tiny_tokenizer,
+                                                                                      arith_task, scheme):
+    """search.quantize re-quantizes every loaded version (in place, or into a new model object for some schemes):
+    the stream samples from the quantized model of the version in force."""
+    cfg = dataclasses.replace(CFG, weight_update="in_flight")
+    sampler = HFSampler(copy.deepcopy(tiny_model), tiny_tokenizer, quantize=scheme)
+    searcher = Searcher(sampler, copy.deepcopy(tiny_model), tiny_tokenizer, arith_task, cfg, seed=0)
+    assert searcher.stream.engine.model is sampler.sampling
+    sync = Publisher(searcher, tiny_model, every=4)
+    torch.manual_seed(4)
+    groups = [g for _ in range(2) for g in searcher.step(sync)]
+    assert sync.loads >= 1 and groups
+    assert searcher.stream.engine.model is sampler.sampling

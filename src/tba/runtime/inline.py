@@ -63,8 +63,14 @@ class InlineRuntime:
         return [g for s, p in zip(self.all, self.published, strict=True) for g in s.step(p)]
 
     def publish(self, weights, version: int) -> None:
-        for p in self.published:
-            if p is not None:
+        """Static batching: loaded now (between two steps no response is half-generated). Continuous batching:
+        rows are in flight, so the searcher loads it when search.weight_update says."""
+        for searcher, p in zip(self.all, self.published, strict=True):
+            if p is None:
+                continue
+            if searcher.stream is None:
+                searcher.load_weights(weights, version)
+            else:
                 p.weights, p.version = weights, version
 
     def report(self) -> RuntimeReport:

@@ -24,6 +24,7 @@ class HFSampler:
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.quantize, self.quantize_s, self.quantized = quantize, 0.0, None
         self.decode = DecodeStats()
+        self._stream: ContinuousBatch | None = None
         """What the static decode loop's steps were spent on (bench/perf/continuous.py reads it)."""
         if quantize != "none":
             t0 = time.perf_counter()
@@ -41,8 +42,9 @@ class HFSampler:
                         max_new_tokens=max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id, stats=self.decode)
 
     def stream(self, slots: int, *, temperature: float, top_p: float) -> ContinuousBatch:
-        return ContinuousBatch(self.sampling, slots, temperature=temperature, top_p=top_p, eos_id=self.eos_id,
-                               pad_id=self.pad_id)
+        self._stream = ContinuousBatch(self.sampling, slots, temperature=temperature, top_p=top_p,
+                                       eos_id=self.eos_id, pad_id=self.pad_id)
+        return self._stream
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         load_synced(self.model, weights)
@@ -50,6 +52,8 @@ class HFSampler:
             t0 = time.perf_counter()
             self.quantized.refresh()
             self.quantize_s += time.perf_counter() - t0
+            if self._stream is not None:  # a scheme that re-quantizes into a new model object
+                self._stream.model = self.sampling
 
     def close(self) -> None:
         pass
