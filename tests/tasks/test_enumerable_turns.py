@@ -139,3 +139,18 @@ def test_episodes_generate_with_the_vllm_engine(tmp_path):
                            "buffer.prefill_samples=16")
     assert metrics[-1]["searcher/version_min"] == 6 and metrics[-1]["episode/ended_done"] >= 16 * 7
     assert summary["eval_end"]["kl_to_target"] < summary["eval_start"]["kl_to_target"]
+
+
+def test_the_task_s_demonstrations_are_two_turns_played_through_the_environment(tmp_path):
+    """`data.source: task` on this task: each demonstration is a pair of answers the environment scores as an
+    episode (one text per turn; a single text would be one turn of a two-turn episode)."""
+    task = EnumerableTurnsTask()
+    demos = task.demonstrations(task.train, seed=3)
+    assert demos == task.demonstrations(task.train, seed=3) and all(len(d) == 2 and all(task._valid(t) for t in d)
+                                                                     for d in demos)
+    summary, _ = run(tmp_path, "data.source=task", "data.share=0.25", "trainer.steps=4", "eval.every_steps=4")
+    from tba.algorithm.store import BufferStore
+
+    sources = {s.source for _, _, g in BufferStore(tmp_path, readonly=True).iter_groups() for s in g.samples}
+    assert sources == {"policy", "data"}, sources
+    assert summary["eval_end"]["kl_to_target"] > 0

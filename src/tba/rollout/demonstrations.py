@@ -7,8 +7,8 @@ ratio objectives (Dr. GRPO, TBA′) cannot use this data (config validation says
 
 Each row is a prompt the task knows (matched on its text), a completion, and optionally a reward (else the task's
 reward scores it). It is tokenized with the run's tokenizer as the searchers' samples are (the prompt in the
-chat template when the run uses one; the completion followed by EOS — or, at exactly search.max_new_tokens
-tokens, without one, as a searcher's response cut there),
+chat template when the run uses one; the completion (each turn of a multi-turn one) followed by EOS — or, at
+exactly search.max_new_tokens tokens, without one, as a searcher's response cut there),
 scored under π_ref at the run's temperature, and stored in the durable buffer as one group per prompt, tagged
 with its source name, in one transaction: all of it or nothing. A row that does not fit — an unknown prompt, an
 empty or too long completion, a reward that is not a number — stops the run naming the file and line
@@ -174,8 +174,8 @@ def make_groups(rows: list[Row], cfg: DataConfig, *, task: Task, prompt_ids: dic
         pid = pid if pid in by_id else None
         texts = row.completion if isinstance(row.completion, list) else [row.completion]
         turns = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        for tokens in turns:  # a turn ends with EOS; a single-turn completion at exactly the budget is kept cut,
-            if multi_turn or len(tokens) < max_new_tokens:  # as a searcher's response would be
+        for tokens in turns:  # a turn ends with EOS; one at exactly the turn's budget is kept cut, as a
+            if len(tokens) < max_new_tokens:  # searcher's response (or episode turn) cut there would be
                 tokens.append(tokenizer.eos_token_id)
         longest = max(range(len(turns)), key=lambda i: len(turns[i]))
         why = ("prompt not among the task's train prompts" if pid is None

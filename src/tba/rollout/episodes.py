@@ -157,8 +157,9 @@ def run_episodes(generate, tokenizer, task, prompts: list[Prompt], prompt_tokens
 def replay_episodes(tokenizer, task, prompts: list[Prompt], prompt_tokens: list[list[int]],
                     scripts: list[list[list[int]]], *, max_new_tokens: int, limits: Limits) -> list[Episode]:
     """Episodes whose policy turns are given (a demonstration: each turn's token ids, ending with EOS as a
-    sampled turn does), played through fresh environments: the environment's answers are its own, tokenized as
-    in a sampled episode, so a demonstration becomes the same token-exact trajectory a searcher would store.
+    sampled turn does, or cut at the turn's budget), played through fresh environments: the environment's
+    answers are its own, tokenized as in a sampled episode, so a demonstration becomes the same token-exact
+    trajectory a searcher would store.
 
     An episode fails (`error`, its reason in `error`) when the environment asks for a turn the script does not
     have, or ends the episode before the script's last turn: a demonstration that does not fit its environment."""

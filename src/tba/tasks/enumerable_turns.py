@@ -123,9 +123,12 @@ class EnumerableTurnsTask:
     def corpus(self) -> list[str]:
         return [self.alphabet * 4] * 8
 
-    def demonstrations(self, prompts: list[Prompt], seed: int) -> list[str]:
+    def demonstrations(self, prompts: list[Prompt], seed: int) -> list[list[str]]:
+        """Two turns per prompt, each a uniformly drawn valid answer (played through the environment, which draws
+        the observation between them): a behaviour TB needs no log-prob of."""
         rng = random.Random(seed)
-        return ["".join(rng.choice(self.alphabet) for _ in range(self.length)) for _ in prompts]
+        answer = lambda: "".join(rng.choice(self.alphabet) for _ in range(self.length))  # noqa: E731
+        return [[answer(), answer()] for _ in prompts]
 
     def tables(self, policy, reference, tokenizer, max_new_tokens: int, temperature: float) -> Tables:
         """Every trajectory's log-probs under `policy` and `reference`, P(o|y₁) and r, as [y₁, o, y₂] tensors."""
