@@ -6,8 +6,8 @@ size on disk sampled each minute.
     python -m bench.perf.soak --recipe tool_arith_smollm2_cpu --kill-searcher 20 40 --minutes 60 [key=value ...]
 
 The run is `tba train` (embedded default recipe) with `trainer.steps` raised so it cannot finish first,
-in its own process; every `--interval` seconds the script reads VmRSS of the trainer and of each of its
-child processes from /proc, the size of RUN_DIR/buffer.sqlite (with its WAL), plus the run's last metrics
+in its own process; every `--interval` seconds the script reads VmRSS of the trainer, of each searcher and of
+the other processes below it (the fork server searchers start from, the resource tracker) from /proc, the size of RUN_DIR/buffer.sqlite (with its WAL), plus the run's last metrics
 line. Pass config overrides after the options (e.g. `buffer.compact=false` for the store that keeps every
 sample). `--recipe` trains another recipe; `--kill-searcher M …` kills one searcher process (kill -9, the first one
 found: a multi-turn searcher is mid-episode at almost any moment) at each of those minutes, which the run must
@@ -57,6 +57,15 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, …): searchers fork from a fork server, not the trainer."""
+    out, todo = [], children(pid)
+    while todo:
+        out.append(todo.pop())
+        todo += children(out[-1])
+    return out
 
 
 def searcher_pids(trainer: int) -> list[int]:
@@ -134,11 +143,13 @@ def soak(args, root: Path) -> None:
                 print(f"killed searcher pid {victims[0]}", flush=True)
             pending.pop(0)
         m = last_metrics(run)
-        kids = children(proc.pid)
+        kids, searchers = descendants(proc.pid), searcher_pids(proc.pid)
         row = {"minute": (time.monotonic() - t0) / 60, "trainer_mb": rss_mb(proc.pid),
-               "children_mb": sum(rss_mb(k) for k in kids), "processes": 1 + len(kids), "step": m.get("step"),
-               "buffer_size": m.get("buffer/size"), "buffer_groups": m.get("buffer/groups"), "disk_mb": disk_mb(run)}
-        row["total_mb"] = row["trainer_mb"] + row["children_mb"]
+               "searchers_mb": [rss_mb(k) for k in searchers],
+               "others_mb": sum(rss_mb(k) for k in kids if k not in searchers), "processes": 1 + len(kids),
+               "step": m.get("step"), "buffer_size": m.get("buffer/size"), "buffer_groups": m.get("buffer/groups"),
+               "disk_mb": disk_mb(run)}
+        row["total_mb"] = row["trainer_mb"] + sum(row["searchers_mb"]) + row["others_mb"]
         samples.append(row)
         print(json.dumps(row), flush=True)
         if proc.poll() is not None:
@@ -163,6 +174,8 @@ def soak(args, root: Path) -> None:
     kill_minutes = ", ".join(f"{k['minute']:.1f}" for k in kills)
     first, last = samples[0], samples[-1]
     growth = {k: (last[k] - first[k]) / first[k] for k in ("trainer_mb", "total_mb")}
+    before, after = sum(first["searchers_mb"]), sum(last["searchers_mb"])
+    growth["searchers_mb"] = (after - before) / max(before, 1)
     hours = max(last["minute"] - first["minute"], 1e-9) / 60
     groups = max((last["buffer_groups"] or 0) - (first["buffer_groups"] or 0), 1)
     disk = {"mb_per_hour": (last["disk_mb"] - first["disk_mb"]) / hours,
@@ -181,13 +194,17 @@ def soak(args, root: Path) -> None:
         header(__spec__.name, f"runs: `{result['train_command']}`", argv=args.argv,
                title=f"Soak: {args.recipe or 'the default recipe'} for {args.minutes:g} minutes, memory and buffer "
                f"size sampled every {args.interval:g} s").rstrip("\n"), "",
+        "RSS counts pages shared with a process's parent (searchers fork from a fork server that imported tba) in "
+        "each process, so the total over-counts the machine's use.", "",
         "| minute | trainer step | buffer samples in memory | groups accepted | buffer.sqlite MB | trainer RSS MB | "
-        "searchers RSS MB | total MB |", "|---|---|---|---|---|---|---|---|",
+        "each searcher's RSS MB | fork server and resource tracker MB | total MB |", "|---" * 9 + "|",
         *[f"| {s['minute']:.1f} | {s['step']} | {s['buffer_size']} | {s['buffer_groups']} | {s['disk_mb']:.1f} | "
-          f"{s['trainer_mb']:.0f} | {s['children_mb']:.0f} | {s['total_mb']:.0f} |" for s in samples], "",
+          f"{s['trainer_mb']:.0f} | {' + '.join(f'{x:.0f}' for x in s['searchers_mb']) or '—'} | "
+          f"{s['others_mb']:.0f} | {s['total_mb']:.0f} |" for s in samples], "",
         f"Durable buffer: {disk['final_mb']:.1f} MB at the end; grew {disk['mb_per_hour']:.1f} MB per hour "
         f"({disk['mb_per_1000_groups']:.2f} MB per 1000 groups accepted) from the first sample to the last.", "",
-        f"RSS growth first → last sample: trainer {growth['trainer_mb']:+.1%}, all processes "
+        f"RSS growth first → last sample: trainer {growth['trainer_mb']:+.1%}, searchers (sum) "
+        f"{growth['searchers_mb']:+.1%}, all processes "
         f"{growth['total_mb']:+.1%} (peak {peak:.0f} MB). Ctrl-C at the end: exit code {code} "
         "(130 = interrupted, exit checkpoint written).",
         *([""] if kills else []),
@@ -208,12 +225,13 @@ def _plot(samples: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     minutes = [s["minute"] for s in samples]
-    for key, label in (("total_mb", "all processes"), ("trainer_mb", "trainer"), ("children_mb", "searchers")):
-        ax.plot(minutes, [s[key] for s in samples], marker="o", ms=3, label=label)
+    for key, label in (("total_mb", "all processes"), ("trainer_mb", "trainer"), ("searchers_mb", "searchers (sum)")):
+        ax.plot(minutes, [sum(s[key]) if isinstance(s[key], list) else s[key] for s in samples], marker="o", ms=3,
+                label=label)
     ax.set_xlabel("minutes since the first trainer step")
     ax.set_ylabel("resident memory (MB)")
     ax.set_ylim(bottom=0)
-    ax.set_title("tba soak: default recipe, RSS sampled every interval")
+    ax.set_title("tba soak: RSS sampled every interval")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
