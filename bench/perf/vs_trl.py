@@ -80,6 +80,8 @@ import torch  # noqa: E402
 from bench.lib.header import header  # noqa: E402
 from bench.lib.paths import OUT, RESULTS  # noqa: E402
 from tba.config import load_config  # noqa: E402
+from tba.models import load_tokenizer  # noqa: E402
+from tba.models.sources import resolve_source  # noqa: E402
 from tba.rollout.evaluate import greedy_accuracy  # noqa: E402
 from tba.run.build import build_task, warm_start  # noqa: E402
 from tba.run.train import train
@@ -131,7 +133,7 @@ def run_trl(cfg, task, sft_dir: Path, args, seed: int) -> dict:
     model = AutoModelForCausalLM.from_pretrained(sft_dir, dtype=torch.float32)
     by_text = {p.text: p for p in task.train}
 
-    def arith_reward(prompts, completions, **_):
+    def task_reward(prompts, completions, **_):
         return [task.reward(by_text[p], c) for p, c in zip(prompts, completions, strict=True)]
 
     def evaluate(m) -> float:
@@ -170,18 +172,20 @@ def run_trl(cfg, task, sft_dir: Path, args, seed: int) -> dict:
             if stop or state.global_step % args.eval_every == 0:
                 self.record(state.global_step, model)
                 self.last = self.clock()
-            control.should_training_stop = stop
+            control.should_training_stop = control.should_training_stop or stop  # keep max_steps' stop
 
     B, K = cfg.trainer.prompts_per_step, cfg.trainer.samples_per_prompt
+    schedule = trl_schedule(cfg.trainer) if args.same_updates else {"lr_scheduler_type": "constant",
+                                                                    "warmup_steps": 0}
     gconf = GRPOConfig(
         output_dir=str(args.out / f"trl-seed{seed}"), use_cpu=True, report_to="none", save_strategy="no",
         seed=seed, per_device_train_batch_size=B * K, gradient_accumulation_steps=1, num_generations=K,
         max_completion_length=cfg.search.max_new_tokens, temperature=cfg.search.temperature, top_k=0,
-        top_p=cfg.search.top_p, learning_rate=cfg.trainer.lr, lr_scheduler_type="constant", warmup_steps=0,
+        top_p=cfg.search.top_p, learning_rate=cfg.trainer.lr, **schedule,
         weight_decay=0.0, max_grad_norm=0.0, beta=0.0, bf16=False, gradient_checkpointing=False,
-        logging_steps=1, max_steps=10**6, disable_tqdm=True)
+        logging_steps=1, max_steps=cfg.trainer.steps if args.same_updates else 10**6, disable_tqdm=True)
     cb = BudgetEval()
-    trainer = GRPOTrainer(model=model, reward_funcs=arith_reward, args=gconf, processing_class=tokenizer,
+    trainer = GRPOTrainer(model=model, reward_funcs=task_reward, args=gconf, processing_class=tokenizer,
                           train_dataset=Dataset.from_list([{"prompt": p.text} for p in task.train]), callbacks=[cb])
     trainer.remove_callback(PrinterCallback)
     p = task.train[0].text
@@ -193,6 +197,29 @@ def run_trl(cfg, task, sft_dir: Path, args, seed: int) -> dict:
     tail = rewards[-max(1, len(rewards) // 10):]
     return {"evals": cb.evals, "steps": trainer.state.global_step, "train_s": cb.clock(),
             "reward_end": sum(tail) / len(tail) if tail else float("nan"), "startup_s": cb.startup_s}
+
+
+def trl_schedule(t) -> dict:
+    """tba's learning-rate schedule (tba.algorithm.trainer.lr_factor) in transformers' scheduler names: linear
+    warm-up, then constant, linear to 0, or stable and cosine decay to 0 (transformers' warmup_stable_decay)."""
+    if t.lr_schedule == "constant":
+        return {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": t.warmup_steps}
+    if t.lr_schedule == "linear":
+        return {"lr_scheduler_type": "linear", "warmup_steps": t.warmup_steps}
+    stable = t.stable_steps if t.stable_steps is not None else t.steps - t.warmup_steps - t.decay_steps
+    return {"lr_scheduler_type": "warmup_stable_decay", "warmup_steps": t.warmup_steps,
+            "lr_scheduler_kwargs": {"num_stable_steps": stable, "num_decay_steps": t.decay_steps}}
+
+
+def starting_point(cfg, task) -> tuple[Path, object]:
+    """(the directory both systems load the starting policy from, the task as TRL sees it): the builtin model's
+    SFT warm start, or the recipe's model (a `package:`/.gguf source resolved to its converted checkpoint, as
+    tba's own loader does). With `task.chat_template` the prompts are in the policy's chat template, as tba's
+    run builds them, and TRL is given that text."""
+    if cfg.model.policy == "builtin":
+        return warm_start(cfg, task), task
+    source = Path(resolve_source(cfg.model.policy))
+    return source, (build_task(cfg, load_tokenizer(str(source))) if cfg.task.chat_template else task)
 
 
 def summarise(system: str, seed: int, res: dict, args) -> dict:
@@ -320,6 +347,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--trl-threads", type=int, default=None, help="TRL torch threads (default all cores; --smoke 1)")
     ap.add_argument("--startup", action="store_true", help="clocks from launch: each system's start-up (tba: models "
                     "and searchers ready; TRL: model load and trainer set-up) counted")
+    ap.add_argument("--same-updates", action="store_true", help="TRL runs the recipe's trainer.steps updates with its "
+                    "lr schedule (default: TRL at constant lr until the budget)")
     ap.add_argument("--smoke", action="store_true", help="tiny task, 10-step SFT, 10 tba steps: seconds")
     ap.add_argument("--out", type=Path, default=OUT / "vs_trl")
     ap.add_argument("--results", type=Path, default=None,
@@ -352,9 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         cfg = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-seed{seed}'}",
                                         "logging.progress=false", f"eval.every_steps={args.eval_every}", *overrides])
-        task = build_task(cfg)
-        sft_dir = (Path(cfg.model.policy) if cfg.model.policy != "builtin"  # a given checkpoint: used as is
-                   else warm_start(cfg, task))
+        sft_dir, task = starting_point(cfg, build_task(cfg))
         rows.append(summarise("tba", seed, run_tba(cfg, args, seed), args))
         if args.tba_sync:
             sync = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-sync-seed{seed}'}",
