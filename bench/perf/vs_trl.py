@@ -14,8 +14,16 @@ Prompt text is the bare `a+b=`; both tokenize it with the same tokenizer call, w
     python -m bench.perf.vs_trl --smoke     # seconds: shrunken task, 10-step SFT, 10 tba steps, TRL 1 thread
     python -m bench.perf.vs_trl --config arith_hard_cpu --tba-sync --seeds 0 1 2 --budget-s 150 --target 0.6
 
+    python -m bench.perf.vs_trl --config smollm2_rg_cpu --same-updates --startup --target 0.5 --budget-s 5400 \
+        --eval-every 20 --seeds 5 --results bench/results/vs_trl/vs_trl_smollm2.md
+
 --config picks the recipe (default: the embedded default); --tba-sync adds tba's strongest synchronous
 baseline (runtime=inline mode=sync: one process, generation and training alternate) on the same warm start.
+A recipe with a model of its own (smollm2_rg_cpu: SmolLM2-135M-Instruct from `package:`, prompts in its chat
+template, reasoning-gym's verifier as the reward) gives both systems that model and the templated prompt text.
+--same-updates: TRL runs the recipe's trainer.steps updates with its learning-rate schedule (warm-up, stable,
+cosine decay as transformers' warmup_stable_decay), so both end at the same update count and the final
+evaluations compare; without it TRL trains at constant lr until the budget (the arithmetic comparisons).
 
 key=value overrides go to the tba config and, through it, to TRL (B, K, lr, T, lengths, task, SFT);
 model.policy=<dir> (a save_pretrained directory) replaces the SFT warm start for both systems.
