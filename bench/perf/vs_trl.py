@@ -276,6 +276,14 @@ def report(rows: list[dict], args) -> str:
                    f"(range {accs[0]:.1%}–{accs[-1]:.1%}); time to {args.target:.0%} median "
                    f"{fmt(statistics.median(times) if times else None, '.1f')} s over the "
                    f"{len(times)}/{len(accs)} seeds that reached it")
+    for seed in args.seeds:
+        if ("tba", seed) in by and ("trl-grpo", seed) in by:
+            per = by[("trl-grpo", seed)]["s_per_step"] / max(by[("tba", seed)]["s_per_step"], 1e-9)
+            out.append(f"- seed {seed}: TRL s/step / tba s/step = {per:.2f}×")
+    out += ["", "Every evaluation (held-out score % at clock s):", "", "| system | seed | update: score % (s) |",
+            "|---|---|---|"]
+    out += [f"| {r['system']} | {r['seed']} | " + ", ".join(f"{e[0]}: {e[1]:.1%} ({e[2]:.0f} s)" for e in r["evals"])
+            + " |" for r in rows]
     return "\n".join(out)
 
 
