@@ -7,13 +7,14 @@ size on disk sampled each minute.
 
 The run is `tba train` (embedded default recipe) with `trainer.steps` raised so it cannot finish first,
 in its own process; every `--interval` seconds the script reads VmRSS of the trainer, of each searcher and of
-the other processes below it (the fork server searchers start from, the resource tracker) from /proc, the size of RUN_DIR/buffer.sqlite (with its WAL), plus the run's last metrics
-line. Pass config overrides after the options (e.g. `buffer.compact=false` for the store that keeps every
-sample). `--recipe` trains another recipe; `--kill-searcher M …` kills one searcher process (kill -9, the first one
-found: a multi-turn searcher is mid-episode at almost any moment) at each of those minutes, which the run must
-survive by restarting it. At the end it sends Ctrl-C (the run writes its exit checkpoint) and reports growth from
-the first sample (after start-up and prefill) to the last, the searcher restarts, and whether every group the
-trainer accepted is in the durable buffer (groups accepted by the last metrics line vs groups in buffer.sqlite).
+the other processes below it (the fork server searchers start from, the resource tracker) from /proc, the
+size of RUN_DIR/buffer.sqlite (with its WAL), plus the run's last metrics line. Pass config overrides after the
+options (e.g. `buffer.compact=false` for the store that keeps every sample). `--recipe` trains another recipe;
+`--kill-searcher M …` kills one searcher process (kill -9, the first one found: a multi-turn searcher is
+mid-episode at almost any moment) at each of those minutes, which the run must survive by restarting it. At the
+end it sends Ctrl-C (the run writes its exit checkpoint) and reports growth from the first sample (after start-up
+and prefill) to the last, the searcher restarts, and whether every group the trainer accepted is in the durable
+buffer (groups accepted by the last metrics line vs groups in buffer.sqlite).
 """
 
 from __future__ import annotations
