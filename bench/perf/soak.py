@@ -226,9 +226,10 @@ def _plot(samples: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     minutes = [s["minute"] for s in samples]
-    for key, label in (("total_mb", "all processes"), ("trainer_mb", "trainer"), ("searchers_mb", "searchers (sum)")):
-        ax.plot(minutes, [sum(s[key]) if isinstance(s[key], list) else s[key] for s in samples], marker="o", ms=3,
-                label=label)
+    series = {"all processes": [s["total_mb"] for s in samples], "trainer": [s["trainer_mb"] for s in samples],
+              "searchers (sum)": [sum(s["searchers_mb"]) for s in samples]}
+    for label, values in series.items():
+        ax.plot(minutes, values, marker="o", ms=3, label=label)
     ax.set_xlabel("minutes since the first trainer step")
     ax.set_ylabel("resident memory (MB)")
     ax.set_ylim(bottom=0)

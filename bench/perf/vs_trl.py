@@ -219,15 +219,16 @@ def trl_schedule(t) -> dict:
             "lr_scheduler_kwargs": {"num_stable_steps": stable, "num_decay_steps": t.decay_steps}}
 
 
-def starting_point(cfg, task) -> tuple[Path, object]:
+def starting_point(cfg) -> tuple[Path, object]:
     """(the directory both systems load the starting policy from, the task as TRL sees it): the builtin model's
     SFT warm start, or the recipe's model (a `package:`/.gguf source resolved to its converted checkpoint, as
     tba's own loader does). With `task.chat_template` the prompts are in the policy's chat template, as tba's
     run builds them, and TRL is given that text."""
     if cfg.model.policy == "builtin":
+        task = build_task(cfg)
         return warm_start(cfg, task), task
     source = Path(resolve_source(cfg.model.policy))
-    return source, (build_task(cfg, load_tokenizer(str(source))) if cfg.task.chat_template else task)
+    return source, build_task(cfg, load_tokenizer(str(source)) if cfg.task.chat_template else None)
 
 
 def summarise(system: str, seed: int, res: dict, args) -> dict:
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         cfg = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-seed{seed}'}",
                                         "logging.progress=false", f"eval.every_steps={args.eval_every}", *overrides])
-        sft_dir, task = starting_point(cfg, build_task(cfg))
+        sft_dir, task = starting_point(cfg)
         rows.append(summarise("tba", seed, run_tba(cfg, args, seed), args))
         if args.tba_sync:
             sync = load_config(args.config, [f"seed={seed}", f"output_dir={args.out / f'tba-sync-seed{seed}'}",
