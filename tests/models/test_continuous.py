@@ -116,3 +116,45 @@ def test_hold_drains_the_rows_in_flight_and_admits_nothing(tiny_model, tiny_toke
     assert len(engine.queue) == len(prompts) * 2 - 4
     engine.hold = False
     assert len(drain(engine)) == len(prompts) * 2 - 4
+
+
+def test_a_kept_sample_resumes_its_next_turn_from_its_parked_cache(tiny_model, tiny_tokenizer, prompts):
+    """Episodes of three turns (kept, resumed with an 'environment' answer after each) interleaved with one-turn
+    samples over few slots, so the timeline shifts and slots are refilled: every policy token's log-prob is that
+    of a forward over the whole episode from scratch, and nothing stays parked."""
+    tok, t, budget = tiny_tokenizer, 0.9, 5
+    answer = tok("=12+", add_special_tokens=False)["input_ids"]
+    torch.manual_seed(1)
+    engine = engine_of(tiny_model, tok, 3, temperature=t, refill=1)
+    for i, p in enumerate(prompts[:3]):
+        engine.submit(("episode", i), p, 2, budget, keep=True)
+        engine.submit(("once", i), p, 1, budget)
+    turns, steps = collections.defaultdict(list), 0
+    while not engine.idle:
+        for f in engine.step(0):
+            if f.key[0] == "once":
+                continue
+            turns[f.key, f.index].append(f)
+            if len(turns[f.key, f.index]) < 3:
+                engine.resume(f.key, f.index, answer, budget)
+            else:
+                engine.release(f.key, f.index)
+        steps += 1
+        assert steps < 1000
+    assert len(turns) == 6 and not engine.parked
+    responses, policy = [], []
+    for _, fs in sorted(turns.items()):
+        response = []
+        for j, f in enumerate(fs):
+            policy += [(len(responses), len(response) + k, lp) for k, lp in enumerate(f.logprobs)]
+            response += f.tokens + (answer if j < 2 else [])
+        responses.append(response)
+    logp, _ = response_logprobs(tiny_model, [prompts[key[1]] for key, _ in sorted(turns)], responses, t,
+                                tok.pad_token_id)
+    assert [lp for *_, lp in policy] == pytest.approx([logp[r, k].item() for r, k, _ in policy], abs=1e-4)
+
+
+def test_resuming_what_is_not_parked_names_the_sample(tiny_model, tiny_tokenizer, prompts):
+    engine = engine_of(tiny_model, tiny_tokenizer, 2)
+    with pytest.raises(KeyError, match="sample 0 of 'a' is not parked"):
+        engine.resume("a", 0, [1], 4)

@@ -10,7 +10,6 @@ import torch
 from tba.algorithm.store import BufferStore
 from tba.algorithm.types import Group
 from tba.config.schema import SearchConfig
-from tba.errors import UserError
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 
@@ -105,13 +104,6 @@ def test_mixed_version_samples_survive_the_store_exactly(tiny_model, tiny_tokeni
     loaded = store.load_samples([(1, i) for i in range(len(groups[0].samples))])
     assert [loaded[1, i].versions for i in range(len(groups[0].samples))] == [s.versions for s in groups[0].samples]
     store.close()
-
-
-def test_continuous_batching_of_episodes_says_what_to_use(tiny_model, tiny_tokenizer):
-    from tba.tasks.guess_number import GuessNumberTask
-
-    with pytest.raises(UserError, match="search.batching=static"):
-        _searcher(tiny_model, tiny_tokenizer, GuessNumberTask(train_size=8, test_size=2))
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int8_weight"])

@@ -105,16 +105,17 @@ class SearchConfig:
     task (one with an environment): the longest policy turn."""
     batching: str = setting("static", one_of(BATCHING))
     """static: each search batch (prompts_per_batch × S rows) decodes until its longest response ends.
-    continuous (single-turn tasks; hf: tba.models.continuous, vllm: requests submitted to its scheduler as slots
-    free): `slots` rows stay in flight and a row that ends hands its slot to
-    the next prompt's sample (tba.models.continuous); a prompt's group is delivered when its last sample ends, and a
-    search step returns once prompts_per_batch groups are."""
+    continuous (hf: tba.models.continuous, vllm: requests submitted to its scheduler as slots free): `slots` rows
+    stay in flight and a row that ends hands its slot to the next prompt's sample; a prompt's group is delivered
+    when its last sample ends, and a search step returns once prompts_per_batch groups are. Multi-turn episodes
+    (tba.rollout.episode_stream): an episode ending a turn frees its slot while its environment answers, and
+    resumes with its KV cache (vllm: its prefix cache)."""
     weight_update: str = setting("between_batches", one_of(WEIGHT_UPDATES))
     """When a searcher loads newly published weights. between_batches: only with no response half-generated (under
     continuous batching the rows in flight end first, admitting nothing meanwhile). in_flight: at the next decode
-    step (continuous batching) or the next turn (multi-turn episodes), the rows in flight going on with their
-    cached keys and values; each sample records the version of every token (Sample.versions). No objective is
-    corrected for it: TB's target does not depend on which policies sampled (docs/objectives.md)."""
+    step (continuous batching) or the next turn (multi-turn episodes in static batches), the rows in flight going
+    on with their cached keys and values; each sample records the version of every token (Sample.versions). No
+    objective is corrected for it: TB's target does not depend on which policies sampled (docs/objectives.md)."""
     slots: int | None = setting(None, positive_or_none)
     """batching=continuous: rows in flight. None = prompts_per_batch × generations_per_prompt."""
     max_turns: int = setting(4, positive)

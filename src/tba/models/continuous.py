@@ -12,6 +12,12 @@ step's forward: HF's masks take one query length per forward.
 Weights may change between any two steps (in-flight updates, tba.rollout.stream): the keys and values already
 cached are kept, not recomputed, and each token records the policy version of the forward that sampled it.
 
+Multi-turn episodes (tba.rollout.episode_stream) keep their cache across turns: a sample submitted with
+`keep=True` that ends a turn frees its slot, and its keys and values (prompt and every turn so far) are parked;
+`resume` queues its next turn, prefilled from the parked cache with only the tokens the cache lacks (the turn's
+last token and the environment's answer), so a turn costs its own tokens, not the episode's. Parked keys and
+values are kept across weight updates, like a row's in flight.
+
 Exactness: with the same prompts, every row admitted at once and no row ending early, the rows see the same
 forwards, masks and uniforms (one per sampled row per step, from the global torch generator) as `generate`, and
 return the same tokens (tests/models/test_continuous.py).
@@ -51,9 +57,34 @@ class Row:
     budget: int
     length: int
     """Prompt tokens: the row's first position is t − length at admission."""
+    keep: bool = False
+    """Park its cache when it ends (a multi-turn episode's turn)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Queued:
+    """A sample waiting for a slot: a prompt's `index`-th sample, or (`resume`) the next turn of a parked one."""
+
+    key: object
+    index: int
+    prompt: list[int]
+    """The tokens to prefill: the prompt, or (resume) those the parked cache lacks."""
+    budget: int
+    keep: bool
+    resume: bool = False
+
+
+@dataclass
+class _Parked:
+    """A kept sample between turns: its keys and values (per layer [H, L, D]) and its last sampled token, which
+    the cache does not hold yet."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    last: int
 
 
 @dataclass
@@ -79,9 +110,10 @@ class ContinuousBatch:
         self.model, self.slots, self.temperature, self.top_p = model, slots, temperature, top_p
         self.eos_id, self.pad_id = eos_id, pad_id
         self.refill = refill if refill is not None else max(1, math.ceil(slots / 8))
-        self.queue: deque[tuple[object, list[int], int, int]] = deque()
+        self.queue: deque[_Queued] = deque()
         self.rows: list[Row | None] = [None] * slots
         self.prefills: dict[object, _Prefill] = {}
+        self.parked: dict[tuple[object, int], _Parked] = {}
         self.hold = False
         """True: admit nothing (the rows in flight drain: a between-batches weight update waits for that)."""
         self.stats = DecodeStats()
@@ -92,11 +124,24 @@ class ContinuousBatch:
         self.next = torch.full((slots,), pad_id, dtype=torch.long)  # each row's last sampled token, fed next
 
     # ---- what the owner sees ----------------------------------------------------------------------------------
-    def submit(self, key, prompt: list[int], num_samples: int, max_new_tokens: int) -> None:
+    def submit(self, key, prompt: list[int], num_samples: int, max_new_tokens: int, keep: bool = False) -> None:
+        """Queue `num_samples` samples of `prompt`; `keep`: park each one's cache when it ends (`resume`)."""
         if not prompt:
             raise ValueError(f"prompt {key!r} is empty")
         for i in range(num_samples):
-            self.queue.append((key, prompt, i, max_new_tokens))
+            self.queue.append(_Queued(key, i, prompt, max_new_tokens, keep))
+
+    def resume(self, key, index: int, tokens: list[int], max_new_tokens: int) -> None:
+        """Queue the next turn of a parked sample: `tokens` (the environment's answer) follow its last turn. It goes
+        ahead of new prompts: an episode in flight ends sooner and its parked cache is freed."""
+        if (key, index) not in self.parked:
+            raise KeyError(f"sample {index} of {key!r} is not parked (submitted without keep, or released)")
+        self.queue.appendleft(_Queued(key, index, [self.parked[key, index].last, *tokens], max_new_tokens, True,
+                                      resume=True))
+
+    def release(self, key, index: int) -> None:
+        """Forget a parked sample (its episode is over)."""
+        self.parked.pop((key, index), None)
 
     @property
     def active(self) -> int:
@@ -124,30 +169,31 @@ class ContinuousBatch:
     def _admit(self, free: list[int], version: int) -> list[Finished]:
         taken = [self.queue.popleft() for _ in range(min(len(free), len(self.queue)))]
         new = {}
-        for key, prompt, _, _ in taken:
-            if key not in self.prefills and key not in new:
-                new[key] = prompt
+        for q in taken:
+            if not q.resume and q.key not in self.prefills and q.key not in new:
+                new[q.key] = q.prompt
         if new:
             self._prefill(new, version)
-        logits = torch.stack([self.prefills[key].logits for key, *_ in taken])  # [n, V]
-        longest = max(len(prompt) for _, prompt, _, _ in taken)
-        room = max([n for *_, n in taken] + [r.budget - len(r.tokens) for r in self.rows if r is not None])
+        pres = [self._resumed(q, version) if q.resume else self.prefills[q.key] for q in taken]
+        logits = torch.stack([pre.logits for pre in pres])  # [n, V]
+        longest = max(pre.keys[0].shape[-2] for pre in pres)
+        room = max([q.budget for q in taken] + [r.budget - len(r.tokens) for r in self.rows if r is not None])
         if self.cache is None:
-            self._allocate(self.prefills[taken[0][0]], longest + room)
+            self._allocate(pres[0], longest + room)
         if self.t < longest or self.t + room > self.capacity:
             self._shift(max(longest, self._window()), need=room)
         slots = free[: len(taken)]
-        for slot, (key, prompt, index, budget) in zip(slots, taken, strict=True):
-            pre, n = self.prefills[key], len(prompt)
+        for slot, q, pre in zip(slots, taken, pres, strict=True):
+            n = pre.keys[0].shape[-2]
             for layer, k, v in zip(self.cache.layers, pre.keys, pre.values, strict=True):
                 layer._k[slot, :, self.t - n:self.t] = k
                 layer._v[slot, :, self.t - n:self.t] = v
             self.attn[slot].zero_()
             self.attn[slot, self.t - n:self.t] = 1
             self.pos[slot] = n
-            self.rows[slot] = Row(key, index, budget, n)
-        waiting = {k for k, *_ in self.queue}
-        for key in {key for key, *_ in taken} - waiting:
+            self.rows[slot] = Row(q.key, q.index, q.budget, n, q.keep)
+        waiting = {q.key for q in self.queue if not q.resume}
+        for key in {q.key for q in taken if not q.resume} - waiting:
             self.prefills.pop(key, None)  # every sample of it admitted
         self.stats.row_steps += len(taken)
         self.stats.slot_steps += len(taken)
@@ -166,6 +212,25 @@ class ContinuousBatch:
             start = width - len(prompt)
             self.prefills[key] = _Prefill([x.keys[i, :, start:] for x in layers],
                                           [x.values[i, :, start:] for x in layers], out.logits[i, -1], version)
+
+    def _resumed(self, q: _Queued, version: int) -> _Prefill:
+        """A parked sample's next turn: its cache extended by a forward over the tokens it lacks."""
+        parked = self.parked.pop((q.key, q.index))
+        cached, m = parked.keys[0].shape[-2], len(q.prompt)
+        layers = []
+        for k, v in zip(parked.keys, parked.values, strict=True):
+            kb, vb = k.new_empty(1, k.shape[0], cached + m, k.shape[-1]), v.new_empty(1, v.shape[0], cached + m,
+                                                                                      v.shape[-1])
+            kb[0, :, :cached], vb[0, :, :cached] = k, v
+            layers.append(_SlotLayer(kb, vb, cached))
+        cache = DynamicCache()
+        cache.layers = layers
+        device = parked.keys[0].device
+        ids = torch.tensor([q.prompt], device=device)
+        out = _forward(self.model, input_ids=ids, attention_mask=torch.ones(1, cached + m, dtype=torch.long,
+                                                                            device=device),
+                       position_ids=torch.arange(cached, cached + m, device=device)[None], **{CACHE: cache})
+        return _Prefill([x._k[0] for x in layers], [x._v[0] for x in layers], out.logits[0, -1], version)
 
     # ---- decoding ------------------------------------------------------------------------------------------------
     def _decode(self, live: list[int], version: int) -> list[Finished]:
@@ -196,11 +261,20 @@ class ContinuousBatch:
             self.stats.tokens += 1
             if tok == self.eos_id or len(row.tokens) >= row.budget:
                 finished.append(Finished(row.key, row.index, row.tokens, row.logprobs, row.versions))
+                if row.keep:
+                    self._park(slot, row)
                 self.rows[slot] = None
                 self.next[slot] = self.pad_id
                 self.attn[slot].zero_()
                 self.pos[slot] = 0
         return finished
+
+    def _park(self, slot: int, row: Row) -> None:
+        """Copy out a kept row's cached positions: its prefill and every token it sampled but the last."""
+        n = row.length + len(row.tokens) - 1
+        self.parked[row.key, row.index] = _Parked([x._k[slot, :, self.t - n:self.t].clone() for x in self.cache.layers],
+                                                  [x._v[slot, :, self.t - n:self.t].clone() for x in self.cache.layers],
+                                                  row.tokens[-1])
 
     # ---- the timeline ----------------------------------------------------------------------------------------
     @property

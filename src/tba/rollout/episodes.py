@@ -236,25 +236,37 @@ def _run(call, act, tokenizer, task, prompts, prompt_tokens, num_samples, max_ne
         if e.end is None:
             _end(e, "max_turns")
         if e.end not in FAILED:
-            value, fault = call(e.env.get_reward)
-            try:
-                reward = float(value)
-            except (TypeError, ValueError):
-                reward = math.nan
-            if fault:
-                e.end, e.error = fault
-            elif not math.isfinite(reward):
-                e.end, e.error = "error", f"get_reward returned {value!r}"
-            else:
-                e.reward = reward
+            scored(e, *call(e.env.get_reward))
     return episodes
+
+
+def scored(e: Episode, value, fault) -> None:
+    """Set the episode's reward from what `get_reward` returned (or its fault: the episode failed)."""
+    try:
+        reward = float(value)
+    except (TypeError, ValueError):
+        reward = math.nan
+    if fault:
+        e.end, e.error = fault
+    elif not math.isfinite(reward):
+        e.end, e.error = "error", f"get_reward returned {value!r}"
+    else:
+        e.reward = reward
+
+
+def last_action(e: Episode, tokenizer) -> str:
+    """The policy's last turn as the environment sees it: decoded, special tokens removed."""
+    _, start, end = turns(e.mask)[-1]
+    return tokenizer.decode(e.tokens[start:end], skip_special_tokens=True)
 
 
 def _answer(call, e: Episode, tokenizer, limits: Limits) -> None:
     """The environment's answer to the policy's last turn, appended as environment tokens (or the episode's end)."""
-    _, start, end = turns(e.mask)[-1]  # the policy's turn just generated
-    action = tokenizer.decode(e.tokens[start:end], skip_special_tokens=True)
-    text, fault = call(e.env.step, action)
+    answered(e, *call(e.env.step, last_action(e, tokenizer)), tokenizer, limits)
+
+
+def answered(e: Episode, text, fault, tokenizer, limits: Limits) -> None:
+    """Append the environment's answer `text` (what `step` returned, or its fault) or end the episode."""
     if fault:
         _end(e, *fault)
     elif text is None:

@@ -17,7 +17,8 @@ log-probs of that distribution; the reference log-probs it attaches are at the r
 Every sample carries the searcher's `source` (its group's name).
 
 An episodic task (one with an `environment`) is multi-turn: each sample is then a whole episode
-(tba.rollout.episodes), generated turn by turn with the same sampler, its reward the environment's; π_ref scores
+(tba.rollout.episodes), generated turn by turn with the same sampler (continuous batching: each episode a row that
+keeps its KV cache across turns, tba.rollout.episode_stream), its reward the environment's; π_ref scores
 the whole sequence and the environment's tokens are masked out. An episode that failed is dropped and counted by
 its end reason. The two kinds differ only in how a batch's responses and rewards are made (`_completions`,
 `_episodes`); the samples are assembled and scored under π_ref alike.
@@ -33,9 +34,9 @@ import torch
 
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import SearchConfig
-from tba.errors import UserError
 from tba.models.generation import ended_with_eos, shared_prompt_logprobs
-from tba.rollout.episodes import END_REASONS, Limits, policy_logprobs, run_episodes
+from tba.rollout.episode_stream import EpisodeStream
+from tba.rollout.episodes import END_REASONS, Episode, Limits, policy_logprobs, run_episodes
 from tba.rollout.samplers.base import Sampler
 from tba.rollout.stream import Stream, WeightSync
 from tba.tasks.base import Prompt, TaskAdapter
@@ -100,14 +101,15 @@ class Searcher:
         self._prompt_tokens: dict[int, list[int]] = {}
         self.stream = None
         if cfg.batching == "continuous":
-            if self.task.episodic:
-                raise UserError("search.batching=continuous: multi-turn episodes are generated turn by turn in "
-                                "static batches (not built yet); use search.batching=static — "
-                                "search.weight_update=in_flight still loads weights between turns")
             engine = sampler.stream(cfg.slots or cfg.prompts_per_batch * cfg.generations_per_prompt,
                                     temperature=cfg.temperature, top_p=cfg.top_p)
-            self.stream = Stream(engine, num_samples=cfg.generations_per_prompt, max_new_tokens=cfg.max_new_tokens,
-                                 weight_update=cfg.weight_update)
+            if self.task.episodic:
+                self.stream = EpisodeStream(engine, self.task, tokenizer, num_samples=cfg.generations_per_prompt,
+                                            max_new_tokens=cfg.max_new_tokens, weight_update=cfg.weight_update,
+                                            limits=Limits.of(cfg))
+            else:
+                self.stream = Stream(engine, num_samples=cfg.generations_per_prompt,
+                                     max_new_tokens=cfg.max_new_tokens, weight_update=cfg.weight_update)
 
     def state_dict(self) -> dict:
         oldest = self.stream.oldest() if self.stream is not None else None
@@ -198,8 +200,10 @@ class Searcher:
         t = self.stream.generate_s
         done = self.stream.run(self.cfg.prompts_per_batch, self._feed, lambda: self.version, sync)
         self.stats.generate_s += self.stream.generate_s - t
-        finished = [o.done[i] for o in done for i in range(self.cfg.generations_per_prompt)]
         prompts, prompt_tokens = [o.prompt for o in done], [o.tokens for o in done]
+        if self.task.episodic:
+            return prompts, prompt_tokens, self._episode_batch([e for o in done for e in o.episodes])
+        finished = [o.done[i] for o in done for i in range(self.cfg.generations_per_prompt)]
         batch = self._scored(prompts, [(f.tokens, f.logprobs) for f in finished])
         batch.versions = [f.versions for f in finished]
         return prompts, prompt_tokens, batch
@@ -233,6 +237,10 @@ class Searcher:
         episodes = run_episodes(lambda contexts, n: self._generate(contexts, 1, n), self.tokenizer, self.task,
                                 prompts, prompt_tokens, num_samples=self.cfg.generations_per_prompt,
                                 max_new_tokens=self.cfg.max_new_tokens, limits=Limits.of(self.cfg), version=version)
+        return self._episode_batch(episodes)
+
+    def _episode_batch(self, episodes: list[Episode]) -> _Batch:
+        """Episodes (prompt-major) as a batch: every end counted by reason, failed ones dropped (reward None)."""
         for e in episodes:
             self.stats.episode_ends[e.end] += 1
             if e.reward is None:

@@ -17,12 +17,38 @@ skipped).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tba.models.continuous import ContinuousBatch, Finished
+from tba.models.continuous import Finished
 from tba.tasks.base import Prompt
+
+
+class Engine(Protocol):
+    """A continuous batch (tba.models.continuous.ContinuousBatch; on vLLM, tba.rollout.samplers.vllm.VLLMStream)."""
+
+    slots: int
+    queue: Sized
+    """Samples waiting for a slot."""
+    hold: bool
+    """True: admit nothing, the rows in flight drain."""
+
+    @property
+    def active(self) -> int:
+        """Rows in flight."""
+
+    def submit(self, key, prompt: list[int], num_samples: int, max_new_tokens: int, keep: bool = False) -> None:
+        """Queue a prompt's samples; `keep`: remember each one's context when it ends (a multi-turn episode)."""
+
+    def resume(self, key, index: int, tokens: list[int], max_new_tokens: int) -> None:
+        """Queue the next turn of a kept sample: `tokens` follow its last turn."""
+
+    def release(self, key, index: int) -> None:
+        """Forget a kept sample."""
+
+    def step(self, version: int) -> list[Finished]:
+        """Admit, decode one token for every row, return the samples (or turns) that ended."""
 
 
 class WeightSync(Protocol):
@@ -47,7 +73,7 @@ class Open:
 
 
 class Stream:
-    def __init__(self, engine: ContinuousBatch, *, num_samples: int, max_new_tokens: int, weight_update: str):
+    def __init__(self, engine: Engine, *, num_samples: int, max_new_tokens: int, weight_update: str):
         self.engine, self.num_samples, self.max_new_tokens = engine, num_samples, max_new_tokens
         self.in_flight = weight_update == "in_flight"
         self.open: dict[int, Open] = {}

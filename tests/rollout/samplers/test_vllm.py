@@ -179,6 +179,35 @@ class TestFloat32:
             mixed += stream.step(1)
         assert len(mixed) == 6 and any(f.versions[0] == 0 and f.versions[-1] == 1 for f in mixed)
 
+    def test_a_kept_sample_resumes_with_its_whole_context(self, engine):
+        """Multi-turn episodes on vLLM's stream: a kept sample's next turn is a request over its prompt, its turns
+        and the environment's answer (the prefix cache finds what is already filled), with the HF recomputation's
+        log-probs over the whole episode."""
+        sampler, model = engine
+        stream = sampler.stream(2, temperature=T, top_p=1.0)
+        prompts, answer = _prompts(2, 5, seed=7), [5, 6, 7]
+        for i, p in enumerate(prompts):
+            stream.submit(i, p, 1, 6, keep=True)
+        turns, step = {}, 0
+        while not stream.idle:
+            for f in stream.step(0):
+                turns.setdefault(f.key, []).append(f)
+                if len(turns[f.key]) < 3:
+                    stream.resume(f.key, f.index, answer, 6)
+                else:
+                    stream.release(f.key, f.index)
+            step += 1
+            assert step < 500
+        assert not stream.parked and sorted(turns) == [0, 1]
+        for key, fs in turns.items():
+            response, policy = [], []
+            for j, f in enumerate(fs):
+                policy += [(len(response) + k, lp) for k, lp in enumerate(f.logprobs)]
+                response += f.tokens + (answer if j < 2 else [])
+            with torch.no_grad():
+                ref, _ = response_logprobs(model, [prompts[key]], [response], T, 0)
+            assert [lp for _, lp in policy] == pytest.approx([ref[0, k].item() for k, _ in policy], abs=1e-4)
+
     def test_same_seed_same_samples(self, engine):
         sampler, _ = engine
         runs = []

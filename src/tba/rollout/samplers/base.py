@@ -41,9 +41,8 @@ class Sampler(Protocol):
         and the per-token log-probs of the distribution they were sampled from (logits ÷ T, top-k off)."""
 
     def stream(self, slots: int, *, temperature: float, top_p: float):
-        """A continuous batch of `slots` rows over this sampler's policy (tba.models.continuous.ContinuousBatch:
-        submit, step(version), hold, active, idle) for search.batching=continuous; a backend without one raises
-        UserError."""
+        """A continuous batch of `slots` rows over this sampler's policy (a tba.rollout.stream.Engine) for
+        search.batching=continuous; a backend without one raises UserError."""
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Replace the policy's weights in place with the trainer's (version = updates applied)."""

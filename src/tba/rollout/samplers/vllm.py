@@ -245,7 +245,12 @@ class VLLMStream:
     the policy version of the step that sampled it. Weights loaded in flight (`VLLMSampler.load_weights` between
     two steps) leave the requests in flight with their KV blocks, and the prefix cache is reset only once no
     request holds blocks: a newly admitted sample of a prompt may reuse that prompt's blocks of an older version
-    until then, as a row in flight reuses its own."""
+    until then, as a row in flight reuses its own.
+
+    Multi-turn episodes (tba.rollout.episode_stream): a sample submitted with `keep` is remembered by its context
+    (prompt and turns) when it ends; `resume` submits that context with the environment's answer as a new request,
+    and vLLM's prefix cache (on by default in its V1 engine) finds the blocks the context already filled, unless
+    a weight update reset the cache meanwhile (then the context is prefilled again)."""
 
     def __init__(self, sampler: VLLMSampler, slots: int, *, temperature: float, top_p: float):
         from collections import deque
@@ -258,10 +263,20 @@ class VLLMStream:
         self.hold = False
         self.stats = DecodeStats()
         self.serial = 0
+        self.contexts: dict[str, list[int]] = {}
+        self.parked: dict[tuple[object, int], list[int]] = {}
 
-    def submit(self, key, prompt: list[int], num_samples: int, max_new_tokens: int) -> None:
+    def submit(self, key, prompt: list[int], num_samples: int, max_new_tokens: int, keep: bool = False) -> None:
         for i in range(num_samples):
-            self.queue.append((key, prompt, i, max_new_tokens))
+            self.queue.append((key, prompt, i, max_new_tokens, keep))
+
+    def resume(self, key, index: int, tokens: list[int], max_new_tokens: int) -> None:
+        if (key, index) not in self.parked:
+            raise KeyError(f"sample {index} of {key!r} is not parked (submitted without keep, or released)")
+        self.queue.appendleft((key, self.parked.pop((key, index)) + list(tokens), index, max_new_tokens, True))
+
+    def release(self, key, index: int) -> None:
+        self.parked.pop((key, index), None)
 
     @property
     def active(self) -> int:
@@ -280,7 +295,7 @@ class VLLMStream:
 
         engine = self.sampler.llm.llm_engine
         while self.queue and not self.hold and len(self.running) < self.slots:
-            key, prompt, index, budget = self.queue.popleft()
+            key, prompt, index, budget, keep = self.queue.popleft()
             params = SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, top_k=0, max_tokens=budget,
                                     stop_token_ids=[self.sampler.eos_id], logprobs=0, flat_logprobs=True,
                                     detokenize=False, seed=self.sampler._rng.getrandbits(62),
@@ -288,7 +303,9 @@ class VLLMStream:
             rid = f"tba-{self.serial}"
             self.serial += 1
             engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
-            self.running[rid] = Row(key, index, budget, len(prompt))
+            self.running[rid] = Row(key, index, budget, len(prompt), keep)
+            if keep:
+                self.contexts[rid] = prompt
         if not self.running:
             return []
         device = self.sampler.device
@@ -312,4 +329,6 @@ class VLLMStream:
             if out.finished:
                 finished.append(Finished(row.key, row.index, row.tokens, row.logprobs, row.versions))
                 del self.running[out.request_id]
+                if row.keep:
+                    self.parked[row.key, row.index] = self.contexts.pop(out.request_id) + row.tokens
         return finished
