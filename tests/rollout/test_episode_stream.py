@@ -190,3 +190,16 @@ def test_in_flight_updates_land_within_episodes_and_every_token_records_its_vers
     assert spanning and all(len(s.versions) == len(s.response) and s.versions == sorted(s.versions)
                             for s in spanning)
     assert all(s.version == s.versions[0] for s in spanning)
+
+
+def test_between_batches_no_episode_spans_versions_and_the_weights_still_load(guess):
+    task, tiny_model, tiny_tokenizer = guess
+    searcher = _searcher(tiny_model, tiny_tokenizer, task)
+    publisher = Publisher(searcher, tiny_model, every=3)
+    samples = []
+    for _ in range(20):
+        samples += [s for g in searcher.step(publisher) for s in g.samples]
+        if publisher.loads >= 2:
+            break
+    assert publisher.loads >= 2 and len({s.version for s in samples}) >= 2
+    assert all(not s.versions for s in samples)

@@ -112,10 +112,11 @@ class SearchConfig:
     resumes with its KV cache (vllm: its prefix cache)."""
     weight_update: str = setting("between_batches", one_of(WEIGHT_UPDATES))
     """When a searcher loads newly published weights. between_batches: only with no response half-generated (under
-    continuous batching the rows in flight end first, admitting nothing meanwhile). in_flight: at the next decode
-    step (continuous batching) or the next turn (multi-turn episodes in static batches), the rows in flight going
-    on with their cached keys and values; each sample records the version of every token (Sample.versions). No
-    objective is corrected for it: TB's target does not depend on which policies sampled (docs/objectives.md)."""
+    continuous batching the rows in flight end first, admitting nothing meanwhile; episodes: the open ones end).
+    in_flight: at the next decode step (continuous batching) or the next turn (multi-turn episodes in static
+    batches), the rows in flight going on with their cached keys and values; each sample records the version of
+    every token (Sample.versions). No objective is corrected for it: TB's target does not depend on which policies
+    sampled (docs/objectives.md)."""
     slots: int | None = setting(None, positive_or_none)
     """batching=continuous: rows in flight. None = prompts_per_batch × generations_per_prompt."""
     max_turns: int = setting(4, positive)

@@ -12,7 +12,9 @@ an episode and never the run): `answered` and `scored` are shared. What differs:
 (`reset`, `step`, `get_reward`) runs in a pool of daemon threads without blocking decoding, and a call past its
 timeout is abandoned with its thread (another takes its place); episodes run to their ends independently, and a
 prompt's group is delivered when its last episode has its reward; each token records the policy version that
-sampled it (in flight, a turn can span versions).
+sampled it. Weights: `in_flight` loads before any decode step (a turn, and an episode, can span versions);
+`between_batches` starts no new episode once newer weights are published, lets the open ones end, then loads —
+an episode never spans versions (slots idle while the last episodes end: the price of that guarantee).
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ class EpisodeStream:
         self.calls = Calls(min(engine.slots, 8), limits.timeout_s)
         self.open: dict[int, OpenGroup] = {}
         self.ready: list[OpenGroup] = []
+        self.draining = False
+        """between_batches with newer weights published: no new episode starts until the open ones are over."""
         self.serial = 0
         self.generate_s = 0.0
 
@@ -139,20 +143,20 @@ class EpisodeStream:
         t0 = time.perf_counter()
         cap = OPEN_PER_SLOT * self.engine.slots
         while len(self.ready) < want:
-            while self._waiting() < self.engine.slots and (not self.open
-                                                           or self._open_episodes() + self.num_samples <= cap):
-                self._start(*feed())
             if sync is not None:
                 if self.in_flight:
                     sync.load()
                 elif sync.pending():
-                    self.engine.hold = True
-                    if not self.engine.active:
+                    self.draining = True
+                    if not self.open:
                         sync.load()
-                        self.engine.hold = False
+                        self.draining = False
+            while not self.draining and self._waiting() < self.engine.slots and (
+                    not self.open or self._open_episodes() + self.num_samples <= cap):
+                self._start(*feed())
             for f in self.engine.step(version()):
                 self._turn_ended(f)
-            busy = self.engine.active or (self.engine.queue and not self.engine.hold)
+            busy = self.engine.active or self.engine.queue
             for (kind, key, index), value, fault in self.calls.poll(0.0 if busy else 0.01):
                 self._answered(kind, key, index, value, fault)
         done, self.ready = self.ready, []
