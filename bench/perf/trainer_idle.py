@@ -1,6 +1,8 @@
 """How much the trainer waits for samples, and how stale they are, with each searcher setting: the same
 asynchronous run (runtime=local, mode=async, one searcher) with static batching and between-batch updates (the
-default), continuous batching with between-batch updates, and continuous batching with in-flight updates.
+default), continuous batching with between-batch updates, and continuous batching with in-flight updates, the
+caches of rows in flight kept (the default) or recomputed after each load (search.in_flight_cache: what that costs
+shows in the samples received per second).
 
     python -m bench.perf.trainer_idle --recipe smollm2_rg_cpu --seeds 0 trainer.steps=30
     python -m bench.perf.trainer_idle --smoke      # the tiny default recipe, seconds (CI); the numbers mean nothing
@@ -27,6 +29,8 @@ SETTINGS = {
     "static, between batches": ["search.batching=static", "search.weight_update=between_batches"],
     "continuous, between batches": ["search.batching=continuous", "search.weight_update=between_batches"],
     "continuous, in flight": ["search.batching=continuous", "search.weight_update=in_flight"],
+    "continuous, in flight, caches recomputed": ["search.batching=continuous", "search.weight_update=in_flight",
+                                                 "search.in_flight_cache=recompute"],
 }
 SMOKE = ["trainer.steps=4", "sft.steps=2"]
 

@@ -95,6 +95,9 @@ def test_another_task_name_drops_the_recipe_task_options():
     ("search.weight_transport=object_store", "search.weight_transport: object_store is Ray's"),
     ("search.weight_transport=shared runtime=ray", "search.weight_transport: shared needs"),
     ("search.vllm.gpu_memory_utilization=1.5", r"search.vllm.gpu_memory_utilization: must be in \(0, 1\]"),
+    ("search.in_flight_cache=recompute search.batching=continuous",
+     "search.in_flight_cache=recompute: only with search.batching=continuous and search.weight_update=in_flight "
+     r"\(here continuous, between_batches\)"),
 ])
 def test_device_eval_and_lora_values_are_checked(override, message):
     with pytest.raises(ConfigError, match=message):

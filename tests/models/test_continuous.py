@@ -158,3 +158,47 @@ def test_resuming_what_is_not_parked_names_the_sample(tiny_model, tiny_tokenizer
     engine = engine_of(tiny_model, tiny_tokenizer, 2)
     with pytest.raises(KeyError, match="sample 0 of 'a' is not parked"):
         engine.resume("a", 0, [1], 4)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_recompute_rebuilds_caches_under_the_new_weights(tiny_model, tiny_tokenizer, prompts, recompute):
+    """Weights change mid-flight (rows in flight, one episode parked between turns). recompute: every token sampled
+    after the change has the new policy's log-prob given its whole prefix, as a fresh forward computes it; keep: the
+    rows read caches of the old weights, and some of those log-probs differ."""
+    import copy
+
+    tok, t = tiny_tokenizer, 0.8
+    model = copy.deepcopy(tiny_model)
+    torch.manual_seed(2)
+    engine = engine_of(model, tok, 4, temperature=t, refill=1, recompute=recompute)
+    engine.submit("episode", prompts[4], 1, 2, keep=True)
+    for i, p in enumerate(prompts[:4]):
+        engine.submit(i, p, 2, 12)
+    answer = tok("=1", add_special_tokens=False)["input_ids"]
+    done, first_turn, version, steps = [], None, 0, 0
+    while not engine.idle or first_turn is not None and "episode" not in [f.key for f in done]:
+        if steps == 4:  # the episode's first turn has ended: it resumes under the new weights
+            version = 1
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.3 * torch.randn_like(p))
+            engine.resume("episode", 0, answer, 6)
+        for f in engine.step(version):
+            if f.key == "episode" and first_turn is None:
+                first_turn = f
+            else:
+                done.append(f)
+        steps += 1
+    assert first_turn is not None and first_turn.versions == [0] * len(first_turn.versions)
+    late = [f for f in done if f.versions[-1] == 1 and f.versions[0] == 0]
+    assert late and (engine.recomputed_tokens > 0) == recompute
+    episode = next(f for f in done if f.key == "episode")
+    contexts = [prompts[f.key] for f in late] + [prompts[4]]
+    responses = [f.tokens for f in late] + [first_turn.tokens + answer + episode.tokens]
+    logp, _ = response_logprobs(model, contexts, responses, t, tok.pad_token_id)
+    gaps = []
+    for j, f in enumerate(late):
+        gaps += [abs(f.logprobs[k] - logp[j, k].item()) for k, v in enumerate(f.versions) if v == 1]
+    offset = len(first_turn.tokens) + len(answer)
+    gaps += [abs(lp - logp[-1, offset + k].item()) for k, lp in enumerate(episode.logprobs)]
+    assert (max(gaps) < 1e-4) == recompute

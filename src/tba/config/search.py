@@ -23,9 +23,10 @@ from tba.rollout.samplers import SAMPLERS
 from tba.runtime import START_METHODS, TRANSPORTS
 
 QUANTIZE = ("none", "int8", "int8_weight", "fp8")
+"""search.quantize's schemes (tba.rollout.quantize)."""
 BATCHING = ("static", "continuous")
 WEIGHT_UPDATES = ("between_batches", "in_flight")
-"""search.quantize's schemes (tba.rollout.quantize)."""
+IN_FLIGHT_CACHE = ("keep", "recompute")
 
 
 @dataclass
@@ -117,6 +118,12 @@ class SearchConfig:
     batches), the rows in flight going on with their cached keys and values; each sample records the version of
     every token (Sample.versions). No objective is corrected for it: TB's target does not depend on which policies
     sampled (docs/objectives.md)."""
+    in_flight_cache: str = setting("keep", one_of(IN_FLIGHT_CACHE))
+    """weight_update=in_flight with batching=continuous (hf backend): what becomes of the keys and values that rows
+    in flight (and episodes between turns) cached under older weights. keep: they stay — the next tokens come from
+    the new weights reading an older cache. recompute: at the first decode step after a load, every row in flight
+    re-prefills its whole context under the new weights (an episode between turns, when it resumes), so each later
+    token is sampled from the newest policy given its prefix; it costs a forward over every context per load."""
     slots: int | None = setting(None, positive_or_none)
     """batching=continuous: rows in flight. None = prompts_per_batch × generations_per_prompt."""
     max_turns: int = setting(4, positive)
@@ -148,6 +155,10 @@ class SearchConfig:
     of num_searchers searchers with the settings above."""
 
     def check(self) -> None:
+        if self.in_flight_cache == "recompute" and (self.batching, self.weight_update) != ("continuous", "in_flight"):
+            raise ConfigError(f"search.in_flight_cache=recompute: only with search.batching=continuous and "
+                              f"search.weight_update=in_flight (here {self.batching}, {self.weight_update}): nothing "
+                              "else keeps a cache across a weight load")
         if self.groups is None:
             return
         if not self.groups:

@@ -9,8 +9,11 @@ masked out: exactly a left-padded prompt. When t reaches the buffers' end, every
 left in one copy. Prefill of newcomers runs as its own forward between decode steps, not fused into a decode
 step's forward: HF's masks take one query length per forward.
 
-Weights may change between any two steps (in-flight updates, tba.rollout.stream): the keys and values already
-cached are kept, not recomputed, and each token records the policy version of the forward that sampled it.
+Weights may change between any two steps (in-flight updates, tba.rollout.stream), and each token records the
+policy version of the forward that sampled it. The keys and values already cached are kept (default), or, with
+`recompute`, every row in flight re-prefills its whole context under the new weights at the first step after a
+change (one forward over all of them; a parked episode's cache is rebuilt when it resumes): then every later
+token is sampled from the newest policy given its prefix, as a fresh generation would be.
 
 Multi-turn episodes (tba.rollout.episode_stream) keep their cache across turns: a sample submitted with
 `keep=True` that ends a turn frees its slot, and its keys and values (prompt and every turn so far) are parked;
@@ -59,6 +62,10 @@ class Row:
     """Prompt tokens: the row's first position is t − length at admission."""
     keep: bool = False
     """Park its cache when it ends (a multi-turn episode's turn)."""
+    context: list[int] = field(default_factory=list)
+    """The token ids cached at admission (`length` of them)."""
+    version: int = 0
+    """The weights its cache was computed with (the oldest, without recompute)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -85,6 +92,9 @@ class _Parked:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     last: int
+    context: list[int]
+    """The token ids the keys and values are of."""
+    version: int
 
 
 @dataclass
@@ -104,16 +114,20 @@ class ContinuousBatch:
     every row, and returns the samples that ended."""
 
     def __init__(self, model, slots: int, *, temperature: float, top_p: float, eos_id: int, pad_id: int,
-                 refill: int | None = None):
+                 refill: int | None = None, recompute: bool = False):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
         self.model, self.slots, self.temperature, self.top_p = model, slots, temperature, top_p
         self.eos_id, self.pad_id = eos_id, pad_id
         self.refill = refill if refill is not None else max(1, math.ceil(slots / 8))
+        self.recompute = recompute
+        self.recomputed_tokens = 0
+        """Context tokens re-prefilled after weight changes (recompute)."""
         self.queue: deque[_Queued] = deque()
         self.rows: list[Row | None] = [None] * slots
         self.prefills: dict[object, _Prefill] = {}
         self.parked: dict[tuple[object, int], _Parked] = {}
+        self._resuming: dict[tuple[object, int], list[int]] = {}
         self.hold = False
         """True: admit nothing (the rows in flight drain: a between-batches weight update waits for that)."""
         self.stats = DecodeStats()
@@ -156,6 +170,8 @@ class ContinuousBatch:
         finished: list[Finished] = []
         if any(p.version != version for p in self.prefills.values()):
             self.prefills.clear()  # a sibling admitted after an update starts from the new weights' prefill
+        if self.recompute and any(r is not None and r.version != version for r in self.rows):
+            self._recompute(version)
         free = [i for i, r in enumerate(self.rows) if r is None]
         if self.queue and not self.hold and free and (len(free) >= self.refill or len(free) == self.slots):
             finished += self._admit(free, version)
@@ -191,7 +207,8 @@ class ContinuousBatch:
             self.attn[slot].zero_()
             self.attn[slot, self.t - n:self.t] = 1
             self.pos[slot] = n
-            self.rows[slot] = Row(q.key, q.index, q.budget, n, q.keep)
+            context = self._context(q)
+            self.rows[slot] = Row(q.key, q.index, q.budget, n, q.keep, context, pre.version)
         waiting = {q.key for q in self.queue if not q.resume}
         for key in {q.key for q in taken if not q.resume} - waiting:
             self.prefills.pop(key, None)  # every sample of it admitted
@@ -200,22 +217,21 @@ class ContinuousBatch:
         return self._sampled(slots, logits, version)
 
     def _prefill(self, prompts: dict, version: int) -> None:
-        ids, mask = (x.to(self.model.device) for x in _pad(list(prompts.values()), self.pad_id, left=True))
-        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-        out = _forward(self.model, input_ids=ids, attention_mask=mask, position_ids=pos)
-        layers = getattr(out, CACHE).layers
-        if not all(type(layer) is DynamicLayer for layer in layers):
-            raise ValueError(f"search.batching=continuous needs a model whose KV cache is full attention in every "
-                             f"layer; {type(self.model).__name__} has {sorted({type(x).__name__ for x in layers})}")
-        width = ids.shape[1]
-        for i, (key, prompt) in enumerate(prompts.items()):
-            start = width - len(prompt)
-            self.prefills[key] = _Prefill([x.keys[i, :, start:] for x in layers],
-                                          [x.values[i, :, start:] for x in layers], out.logits[i, -1], version)
+        self.prefills.update(zip(prompts, self._prefill_rows(list(prompts.values()), version), strict=True))
+
+    def _context(self, q: _Queued) -> list[int]:
+        if not q.resume:
+            return q.prompt
+        return self._resuming.pop((q.key, q.index))
 
     def _resumed(self, q: _Queued, version: int) -> _Prefill:
-        """A parked sample's next turn: its cache extended by a forward over the tokens it lacks."""
+        """A parked sample's next turn: its cache extended by a forward over the tokens it lacks (recompute, after a
+        weight change: a forward over its whole context)."""
         parked = self.parked.pop((q.key, q.index))
+        self._resuming[q.key, q.index] = parked.context + q.prompt
+        if self.recompute and parked.version != version:
+            self.recomputed_tokens += len(parked.context)
+            return self._prefill_rows([parked.context + q.prompt], version)[0]
         cached, m = parked.keys[0].shape[-2], len(q.prompt)
         layers = []
         for k, v in zip(parked.keys, parked.values, strict=True):
@@ -230,7 +246,31 @@ class ContinuousBatch:
         out = _forward(self.model, input_ids=ids, attention_mask=torch.ones(1, cached + m, dtype=torch.long,
                                                                             device=device),
                        position_ids=torch.arange(cached, cached + m, device=device)[None], **{CACHE: cache})
-        return _Prefill([x._k[0] for x in layers], [x._v[0] for x in layers], out.logits[0, -1], version)
+        return _Prefill([x._k[0] for x in layers], [x._v[0] for x in layers], out.logits[0, -1], parked.version)
+
+    def _prefill_rows(self, contexts: list[list[int]], version: int) -> list[_Prefill]:
+        """Keys, values and last logits of each context from scratch (one left-padded forward)."""
+        ids, mask = (x.to(self.model.device) for x in _pad(contexts, self.pad_id, left=True))
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        out = _forward(self.model, input_ids=ids, attention_mask=mask, position_ids=pos)
+        layers, width = getattr(out, CACHE).layers, ids.shape[1]
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            raise ValueError(f"search.batching=continuous needs a model whose KV cache is full attention in every "
+                             f"layer; {type(self.model).__name__} has {sorted({type(x).__name__ for x in layers})}")
+        return [_Prefill([x.keys[i, :, width - len(c):] for x in layers],
+                         [x.values[i, :, width - len(c):] for x in layers], out.logits[i, -1], version)
+                for i, c in enumerate(contexts)]
+
+    def _recompute(self, version: int) -> None:
+        """Every row in flight's cache rebuilt under the weights now loaded (its positions unchanged)."""
+        live = [i for i, r in enumerate(self.rows) if r is not None]
+        contexts = [self.rows[i].context + self.rows[i].tokens[:-1] for i in live]
+        for slot, pre, c in zip(live, self._prefill_rows(contexts, version), contexts, strict=True):
+            for layer, k, v in zip(self.cache.layers, pre.keys, pre.values, strict=True):
+                layer._k[slot, :, self.t - len(c):self.t] = k
+                layer._v[slot, :, self.t - len(c):self.t] = v
+            self.rows[slot].version = version
+            self.recomputed_tokens += len(c)
 
     # ---- decoding ------------------------------------------------------------------------------------------------
     def _decode(self, live: list[int], version: int) -> list[Finished]:
@@ -274,7 +314,7 @@ class ContinuousBatch:
         n = row.length + len(row.tokens) - 1
         self.parked[row.key, row.index] = _Parked([x._k[slot, :, self.t - n:self.t].clone() for x in self.cache.layers],
                                                   [x._v[slot, :, self.t - n:self.t].clone() for x in self.cache.layers],
-                                                  row.tokens[-1])
+                                                  row.tokens[-1], row.context + row.tokens[:-1], row.version)
 
     # ---- the timeline ----------------------------------------------------------------------------------------
     @property

@@ -102,7 +102,8 @@ class Searcher:
         self.stream = None
         if cfg.batching == "continuous":
             engine = sampler.stream(cfg.slots or cfg.prompts_per_batch * cfg.generations_per_prompt,
-                                    temperature=cfg.temperature, top_p=cfg.top_p)
+                                    temperature=cfg.temperature, top_p=cfg.top_p,
+                                    recompute=cfg.in_flight_cache == "recompute")
             if self.task.episodic:
                 self.stream = EpisodeStream(engine, self.task, tokenizer, num_samples=cfg.generations_per_prompt,
                                             max_new_tokens=cfg.max_new_tokens, weight_update=cfg.weight_update,

@@ -40,9 +40,10 @@ class Sampler(Protocol):
         """For each prompt and then each of its samples: response ids (cut after the first EOS, which is kept)
         and the per-token log-probs of the distribution they were sampled from (logits ÷ T, top-k off)."""
 
-    def stream(self, slots: int, *, temperature: float, top_p: float):
+    def stream(self, slots: int, *, temperature: float, top_p: float, recompute: bool = False):
         """A continuous batch of `slots` rows over this sampler's policy (a tba.rollout.stream.Engine) for
-        search.batching=continuous; a backend without one raises UserError."""
+        search.batching=continuous; `recompute`: rows re-prefill their cache after a weight load
+        (search.in_flight_cache); a backend without either raises UserError."""
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Replace the policy's weights in place with the trainer's (version = updates applied)."""

@@ -41,9 +41,9 @@ class HFSampler:
         return generate(self.sampling, prompts, num_samples=num_samples, temperature=temperature, top_p=top_p,
                         max_new_tokens=max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id, stats=self.decode)
 
-    def stream(self, slots: int, *, temperature: float, top_p: float) -> ContinuousBatch:
+    def stream(self, slots: int, *, temperature: float, top_p: float, recompute: bool = False) -> ContinuousBatch:
         self._stream = ContinuousBatch(self.sampling, slots, temperature=temperature, top_p=top_p,
-                                       eos_id=self.eos_id, pad_id=self.pad_id)
+                                       eos_id=self.eos_id, pad_id=self.pad_id, recompute=recompute)
         return self._stream
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:

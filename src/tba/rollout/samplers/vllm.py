@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
+from tba.errors import UserError
 from tba.models import DTYPES, apply_lora, load_model, load_synced
 from tba.models.sources import resolve_source
 from tba.rollout.samplers.base import SamplerSpec
@@ -185,7 +186,10 @@ class VLLMSampler:
                 results.append((list(completion.token_ids), [lp.logprobs[i] for i in lp.start_indices]))
         return results
 
-    def stream(self, slots: int, *, temperature: float, top_p: float) -> VLLMStream:
+    def stream(self, slots: int, *, temperature: float, top_p: float, recompute: bool = False) -> VLLMStream:
+        if recompute:
+            raise UserError("search.in_flight_cache=recompute is the hf backend's: vLLM keeps a request's KV blocks "
+                            "across a weight reload; use search.in_flight_cache=keep")
         return VLLMStream(self, slots, temperature=temperature, top_p=top_p)
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
