@@ -10,6 +10,9 @@ synced after every update (trainer.sync_every_steps=1), so a new version is publ
                         values; enumerable_turns: static batches, weights loaded before every turn of an episode
                         (search.weight_update=in_flight). Samples then span versions (`mixed` = the share of
                         drawn samples whose tokens came from more than one version).
+    in flight, mid-turn enumerable_turns only: continuous batching of episodes (tba.rollout.episode_stream) with
+                        in-flight updates — weights land before any decode step, inside a turn too, the episode's
+                        KV cache kept across turns and versions.
 
 TB reads no behaviour log-probs; Dr. GRPO's ratio uses the per-token behaviour log-probs that were actually
 sampled (each token's own version's), reported as it comes for comparison.
@@ -36,7 +39,9 @@ CONDITIONS = {
                         "enumerable_turns": ["search.weight_update=between_batches"]},
     "in flight": {"enumerable": ["search.batching=continuous", "search.weight_update=in_flight"],
                   "enumerable_turns": ["search.weight_update=in_flight"]},
+    "in flight, mid-turn": {"enumerable_turns": ["search.batching=continuous", "search.weight_update=in_flight"]},
 }
+"""A condition without a task's entry is not run for that task."""
 SMOKE = ["trainer.steps=4", "eval.every_steps=2"]
 
 
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [*SMOKE, *args.overrides] if args.smoke else list(args.overrides)
     rows = []
     for task in args.tasks:
-        for cond in args.conditions:
+        for cond in [c for c in args.conditions if task in CONDITIONS[c]]:
             for obj in args.objectives:
                 for seed in args.seeds:
                     job = {"task": task, "condition": cond, "objective": obj, "seed": seed, "overrides": overrides,

@@ -29,7 +29,8 @@ SCRIPTS = [
                  "result.md", marks=slow),
     pytest.param("bench.perf.continuous", "--results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.trainer_idle", STD, "result.md", marks=slow),
-    pytest.param("bench.claims.in_flight", f"--seeds 0 --tasks enumerable {STD}", "result.md", marks=slow),
+    pytest.param("bench.claims.in_flight", f"--seeds 0 --tasks enumerable enumerable_turns --objectives tb "
+                 f"--conditions 'in flight' 'in flight, mid-turn' {STD}", "result.md", marks=slow),
     pytest.param("bench.claims.offpolicy_sources", f"enumerable --seeds 0 --objectives tb dr_grpo {GRID}",
                  "result.md", id="bench.claims.offpolicy_sources-enumerable"),
     pytest.param("bench.claims.offpolicy_sources",
