@@ -107,6 +107,20 @@ def time_to(evals: list, target: float, budget: float) -> float | None:
     return next((s for _, acc, s in in_budget(evals, budget) if acc >= target), None)
 
 
+def crossing(evals: list, target: float, budget: float) -> float | None:
+    """An estimate finer than the evaluations: the clock where the straight line between the last evaluation
+    below `target` and the first at or above it crosses it (None: never reached; the first evaluation's clock if
+    that one already is)."""
+    ev = in_budget(evals, budget)
+    for i, (_, acc, s) in enumerate(ev):
+        if acc >= target:
+            if i == 0:
+                return s
+            _, a0, s0 = ev[i - 1]
+            return s0 + (target - a0) / (acc - a0) * (s - s0)
+    return None
+
+
 def fork_server_ready(cfg) -> None:
     """`tba train` starts the server its searchers fork from before its own imports (tba.runtime.forkserver), so
     the server imports while the trainer's process does. This process has imported tba already: start the server
@@ -281,6 +295,19 @@ def report(rows: list[dict], args) -> str:
         if ("tba", seed) in by and ("trl-grpo", seed) in by:
             per = by[("trl-grpo", seed)]["s_per_step"] / max(by[("tba", seed)]["s_per_step"], 1e-9)
             out.append(f"- seed {seed}: TRL s/step / tba s/step = {per:.2f}×")
+    pairs = [(by[("trl-grpo", s)], by[("tba", s)]) for s in args.seeds if ("tba", s) in by and ("trl-grpo", s) in by]
+    firsts = [(a["time_to_target_s"], b["time_to_target_s"]) for a, b in pairs]
+    lines = [(crossing(a["evals"], args.target, args.budget_s), crossing(b["evals"], args.target, args.budget_s))
+             for a, b in pairs]
+    for name, times in (("first evaluation at or above the target (the table's)", firsts),
+                        ("estimate, linear between the evaluations either side of the target", lines)):
+        if times and all(a is not None and b is not None for a, b in times):
+            each = [a / b for a, b in times]
+            trl, tba = statistics.median(a for a, _ in times), statistics.median(b for _, b in times)
+            out.append(f"- over {len(times)} seeds, time to {args.target:.0%} by {name}: TRL / tba per seed "
+                       + ", ".join(f"{x:.2f}×" for x in each) + f"; median of the ratios "
+                       f"{statistics.median(each):.2f}×, ratio of the median times {trl / tba:.2f}× (TRL {trl:.1f} s, "
+                       f"tba {tba:.1f} s)")
     out += ["", "Every evaluation (held-out score % at clock s):", "", "| system | seed | update: score % (s) |",
             "|---|---|---|"]
     out += [f"| {r['system']} | {r['seed']} | " + ", ".join(f"{e[0]}: {e[1]:.1%} ({e[2]:.0f} s)" for e in r["evals"])
