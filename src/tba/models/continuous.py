@@ -82,6 +82,8 @@ class _Queued:
     budget: int
     keep: bool
     resume: bool = False
+    context: list[int] | None = None
+    """Every token id its cache will hold once prefilled (None: `prompt`)."""
 
 
 @dataclass
@@ -127,7 +129,6 @@ class ContinuousBatch:
         self.rows: list[Row | None] = [None] * slots
         self.prefills: dict[object, _Prefill] = {}
         self.parked: dict[tuple[object, int], _Parked] = {}
-        self._resuming: dict[tuple[object, int], list[int]] = {}
         self.hold = False
         """True: admit nothing (the rows in flight drain: a between-batches weight update waits for that)."""
         self.stats = DecodeStats()
@@ -150,8 +151,10 @@ class ContinuousBatch:
         ahead of new prompts: an episode in flight ends sooner and its parked cache is freed."""
         if (key, index) not in self.parked:
             raise KeyError(f"sample {index} of {key!r} is not parked (submitted without keep, or released)")
-        self.queue.appendleft(_Queued(key, index, [self.parked[key, index].last, *tokens], max_new_tokens, True,
-                                      resume=True))
+        parked = self.parked[key, index]
+        missing = [parked.last, *tokens]
+        self.queue.appendleft(_Queued(key, index, missing, max_new_tokens, True, resume=True,
+                                      context=parked.context + missing))
 
     def release(self, key, index: int) -> None:
         """Forget a parked sample (its episode is over)."""
@@ -207,8 +210,7 @@ class ContinuousBatch:
             self.attn[slot].zero_()
             self.attn[slot, self.t - n:self.t] = 1
             self.pos[slot] = n
-            context = self._context(q)
-            self.rows[slot] = Row(q.key, q.index, q.budget, n, q.keep, context, pre.version)
+            self.rows[slot] = Row(q.key, q.index, q.budget, n, q.keep, q.context or q.prompt, pre.version)
         waiting = {q.key for q in self.queue if not q.resume}
         for key in {q.key for q in taken if not q.resume} - waiting:
             self.prefills.pop(key, None)  # every sample of it admitted
@@ -219,19 +221,13 @@ class ContinuousBatch:
     def _prefill(self, prompts: dict, version: int) -> None:
         self.prefills.update(zip(prompts, self._prefill_rows(list(prompts.values()), version), strict=True))
 
-    def _context(self, q: _Queued) -> list[int]:
-        if not q.resume:
-            return q.prompt
-        return self._resuming.pop((q.key, q.index))
-
     def _resumed(self, q: _Queued, version: int) -> _Prefill:
         """A parked sample's next turn: its cache extended by a forward over the tokens it lacks (recompute, after a
         weight change: a forward over its whole context)."""
         parked = self.parked.pop((q.key, q.index))
-        self._resuming[q.key, q.index] = parked.context + q.prompt
         if self.recompute and parked.version != version:
             self.recomputed_tokens += len(parked.context)
-            return self._prefill_rows([parked.context + q.prompt], version)[0]
+            return self._prefill_rows([q.context], version)[0]
         cached, m = parked.keys[0].shape[-2], len(q.prompt)
         layers = []
         for k, v in zip(parked.keys, parked.values, strict=True):
