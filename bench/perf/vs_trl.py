@@ -57,8 +57,10 @@ Known unfairness (not tuned away; report as measured):
   residual on summed log-probs); TRL = GRPO defaults, loss_type "dapo" (per-token normalisation, group-std
   advantages), beta = 0.0 (TRL's default: no KL, no reference model), PPO clip inactive (one update per
   generation). The same lr is therefore not the same step size (calibration.md §6: TRL collapsed at 3e-4).
-- TRL defaults we override to match tba: bf16 → False (tba trains float32), gradient_checkpointing → False,
-  max_grad_norm 1.0 → 0 (tba: no clipping).
+- TRL defaults we override to match tba: bf16 → model.autocast == bfloat16 (TRL's default bf16=True is
+  accelerate's autocast, what tba's model.autocast=bfloat16 does; without it tba computes in float32, and so does
+  TRL), gradient_checkpointing → False, max_grad_norm 1.0 → 0 (tba: no clipping). Evaluation runs under the
+  same autocast for both.
 - Threads: TRL is one process with torch threads = all cores (2, --trl-threads); tba is 1 searcher + 1 trainer
   process, one core each. Run on an IDLE machine: with another busy process on a 2-core box, 2 OpenMP threads
   oversubscribe and a TRL step measured 13-16 s instead of 0.5 s (1 thread), which would flatter tba hugely.
@@ -88,7 +90,7 @@ import torch  # noqa: E402
 from bench.lib.header import header  # noqa: E402
 from bench.lib.paths import OUT, RESULTS  # noqa: E402
 from tba.config import load_config  # noqa: E402
-from tba.models import load_tokenizer  # noqa: E402
+from tba.models import load_tokenizer, precision  # noqa: E402
 from tba.models.sources import resolve_source  # noqa: E402
 from tba.rollout.evaluate import greedy_accuracy  # noqa: E402
 from tba.run.build import build_task, warm_start  # noqa: E402
@@ -161,7 +163,8 @@ def run_trl(cfg, task, sft_dir: Path, args, seed: int) -> dict:
     def evaluate(m) -> float:
         was = m.training
         m.eval()
-        acc = greedy_accuracy(m, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+        with precision.autocast("cpu", cfg.model.autocast):  # as tba's evaluation of a run with model.autocast
+            acc = greedy_accuracy(m, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
         m.train(was)
         return acc
 
@@ -204,7 +207,8 @@ def run_trl(cfg, task, sft_dir: Path, args, seed: int) -> dict:
         seed=seed, per_device_train_batch_size=B * K, gradient_accumulation_steps=1, num_generations=K,
         max_completion_length=cfg.search.max_new_tokens, temperature=cfg.search.temperature, top_k=0,
         top_p=cfg.search.top_p, learning_rate=cfg.trainer.lr, **schedule,
-        weight_decay=0.0, max_grad_norm=0.0, beta=0.0, bf16=False, gradient_checkpointing=False,
+        weight_decay=0.0, max_grad_norm=0.0, beta=0.0, bf16=cfg.model.autocast == "bfloat16",
+        gradient_checkpointing=False,
         logging_steps=1, max_steps=cfg.trainer.steps if args.same_updates else 10**6, disable_tqdm=True)
     cb = BudgetEval()
     trainer = GRPOTrainer(model=model, reward_funcs=task_reward, args=gconf, processing_class=tokenizer,

@@ -194,3 +194,16 @@ def test_stale_lr_age_scales_the_step_by_the_median_sample_age(tiny_model, tiny_
     assert trainer.age_factor(aged) == 1.0
     trainer.cfg = dataclasses.replace(trainer.cfg, sync_every_steps=1, stale_lr_age=None)  # off: the paper's lr
     assert trainer.age_factor(aged) == 1.0
+
+
+def test_autocast_computes_the_forward_in_bfloat16_and_keeps_float32_weights(tiny_model, tiny_tokenizer, draws):
+    """model.autocast: the log-probs come from a bfloat16 forward (they differ from float32's by its rounding, and
+    are close to them), while the weights and Adam's moments stay float32 and the update happens."""
+    plain, mixed = _trainer(tiny_model, tiny_tokenizer), _trainer(tiny_model, tiny_tokenizer)
+    mixed.autocast = "bfloat16"
+    a, b = plain.step(draws[:2]), mixed.step(draws[:2])
+    assert b["trainer/logp_mean"] != a["trainer/logp_mean"]  # a float32 forward would give the very same number
+    assert b["trainer/logp_mean"] == pytest.approx(a["trainer/logp_mean"], rel=0.05)
+    assert mixed.version == 1 and mixed.skipped_steps == 0
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
+    assert all(v.dtype == torch.float32 for s in mixed.optimizer.state.values() for v in s.values() if v.ndim)

@@ -63,6 +63,15 @@ def test_vllm_backend_without_vllm_says_how_to_install_it(monkeypatch):
         load_config(None, ["search.backend=vllm"])
 
 
+def test_autocast_with_the_vllm_backend_is_refused(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    with pytest.raises(ConfigError, match="model.autocast: the vllm backend computes in its own engine's dtype"):
+        load_config(None, ["search.backend=vllm", "model.autocast=bfloat16"])
+
+
 def test_dotted_overrides_reach_into_task_options():
     cfg = load_config(None, ["task.options.victim=/models/v", "task.options.nested.k=3"])
     assert cfg.task.options == {"victim": "/models/v", "nested": {"k": 3}}
@@ -95,6 +104,7 @@ def test_another_task_name_drops_the_recipe_task_options():
     ("search.weight_transport=object_store", "search.weight_transport: object_store is Ray's"),
     ("search.weight_transport=shared runtime=ray", "search.weight_transport: shared needs"),
     ("search.vllm.gpu_memory_utilization=1.5", r"search.vllm.gpu_memory_utilization: must be in \(0, 1\]"),
+    ("model.autocast=float64", "model.autocast: must be one of bfloat16, float16"),
     ("search.in_flight_cache=recompute search.batching=continuous",
      "search.in_flight_cache=recompute: only with search.batching=continuous and search.weight_update=in_flight "
      r"\(here continuous, between_batches\)"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tba.config.schema import SearchConfig
+from tba.models.generation import shared_prompt_logprobs
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 from tba.tasks.arith import ArithTask
@@ -103,3 +104,22 @@ def test_an_empty_shard_is_an_error(tiny_tokenizer, tiny_model, small_task):
     with pytest.raises(ValueError, match="owns no train prompts"):
         _searcher(tiny_model, tiny_tokenizer, small_task, shard=len(small_task.train),
                   num_shards=len(small_task.train) + 1)
+
+
+def test_autocast_samples_and_scores_in_bfloat16(tiny_model, tiny_tokenizer, arith_task):
+    """model.autocast: sampling and π_ref scoring run in bfloat16 — the reference log-probs of the same responses
+    differ from float32's by its rounding only — and the searcher's models keep their float32 weights."""
+    mixed = _searcher(tiny_model, tiny_tokenizer, arith_task, autocast="bfloat16")
+    torch.manual_seed(0)
+    groups = mixed.step()
+    samples = [s for g in groups for s in g.samples]
+    with torch.no_grad():
+        exact = shared_prompt_logprobs(mixed.reference, [g.prompt_tokens for g in groups],
+                                       [s.response for s in samples], CFG.generations_per_prompt, CFG.temperature,
+                                       tiny_tokenizer.pad_token_id)
+    got = torch.tensor([lp for s in samples for lp in s.ref_logprobs])
+    want = torch.cat([exact[i, :len(s.response)] for i, s in enumerate(samples)])
+    assert not torch.equal(got, want)
+    torch.testing.assert_close(got, want, atol=0.1, rtol=0)
+    assert all(p.dtype == torch.float32 for p in mixed.reference.parameters())
+    assert all(p.dtype == torch.float32 for p in mixed.sampler.model.parameters())

@@ -29,7 +29,7 @@ from tba.algorithm.objectives import Loss
 from tba.algorithm.objectives.tb import vargrad_log_z
 from tba.algorithm.types import Draw
 from tba.config.schema import TrainerConfig
-from tba.models import synced_tensors
+from tba.models import precision, synced_tensors
 from tba.models.generation import response_logprobs
 
 
@@ -92,11 +92,13 @@ def _behaviour(draws: list[Draw], loss: Loss) -> list[list[float]]:
 
 class Trainer:
     def __init__(self, model, loss: Loss, cfg: TrainerConfig, *, beta: Callable[[int], float], temperature: float,
-                 pad_id: int, reference: OwnReference | None = None, aging: frozenset[str] | None = None):
+                 pad_id: int, reference: OwnReference | None = None, aging: frozenset[str] | None = None,
+                 autocast: str | None = None):
         """`loss`: the run's objective, bound (tba.algorithm.objectives.Objective.bind); `beta`: β of update u
         (1-based); `reference`: the objective's own π_ref, if it keeps one; `aging`: the sources whose samples age
-        (they load the trainer's weights; None = every source), which the age-scaled step looks at."""
-        self.model, self.loss, self.cfg, self.beta = model, loss, cfg, beta
+        (they load the trainer's weights; None = every source), which the age-scaled step looks at; `autocast`:
+        model.autocast, the precision of the forward passes (tba.models.precision)."""
+        self.model, self.loss, self.cfg, self.beta, self.autocast = model, loss, cfg, beta, autocast
         self.reference, self.aging = reference, aging
         model.eval()  # dropout off (see the module docstring)
         self.temperature, self.pad_id = temperature, pad_id
@@ -153,15 +155,16 @@ class Trainer:
         """Forward and backward of one micro-batch of prompt groups: its share of the loss, the TB diagnostics."""
         prompts = [d.prompt_tokens for d in micro for _ in d.samples]
         responses = [s.response for d in micro for s in d.samples]
-        logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
+        with precision.autocast(self.model.device, self.autocast):  # backward runs outside, as torch advises
+            logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
+            ref_tok = (self.reference.logprobs(prompts, responses, self.temperature, self.pad_id)
+                       if self.reference is not None else None)
         width, device = logp_tok.shape[1], logp_tok.device
         if any(s.policy_mask for d in micro for s in d.samples):  # multi-turn: the environment's tokens are not
             # the policy's actions — log π(τ) sums the policy's tokens only, in every objective (tba.rollout.episodes)
             mask = mask * _padded([s.policy_mask or [1] * len(s.response) for d in micro for s in d.samples],
                                   width, device)
-        if self.reference is not None:
-            ref_tok = self.reference.logprobs(prompts, responses, self.temperature, self.pad_id)
-        else:
+        if ref_tok is None:
             ref_tok = _padded([s.ref_logprobs for d in micro for s in d.samples], width, device)  # [N, R]
         behaviour_tok = None  # only the ratio-based objectives read the searchers' behaviour log-probs
         if self.loss.reads_behaviour:

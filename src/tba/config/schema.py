@@ -19,6 +19,7 @@ from tba.config.rules import (
     installed,
     non_negative,
     one_of,
+    or_none,
     positive,
     positive_or_none,
     probability,
@@ -108,7 +109,11 @@ class ModelConfig:
     reference: str | None = None
     """Reference model π_ref. None = the policy's starting weights (after the SFT warm start)."""
     dtype: str = setting("float32", one_of(("float32", "bfloat16", "float16")))
-    """float32 | bfloat16 | float16."""
+    """float32 | bfloat16 | float16: the weights' (and Adam's moments', and the published weights')."""
+    autocast: str | None = setting(None, or_none(one_of(("bfloat16", "float16"))))
+    """Mixed precision (torch.autocast) for every forward: the trainer's, the searchers' sampling and π_ref
+    scoring, evaluation; the weights stay model.dtype (tba.models.precision). null = compute in model.dtype.
+    bfloat16 is TRL's `bf16=True`; on CPUs with AMX it trains and samples several times faster."""
     device: str = setting("cpu", devices)
     """Where the trainer's policy and reference live: cpu | cuda | cuda:N | auto (cuda if available)."""
     lora: LoraConfig = setting(factory=LoraConfig)
@@ -418,6 +423,9 @@ class RunConfig:
                 self.search.quantize != "none" or any(g.quantize not in (None, "none") for g in groups)):
             raise ConfigError("search.quantize: the vllm backend loads its own engine; quantized sampling works with "
                               "backend hf (on GPUs, give vLLM an fp8 checkpoint instead)")
+        if self.model.autocast and (self.search.backend == "vllm" or any(g.backend == "vllm" for g in groups)):
+            raise ConfigError("model.autocast: the vllm backend computes in its own engine's dtype (model.dtype), "
+                              "not under torch.autocast; use search.backend=hf, or model.autocast=null")
         task = TASKS.get(self.task.name)
         if self.model.policy == "builtin" and task is not None and not task.builtin_model:
             raise ConfigError(f"model.policy: the builtin tiny model is for tasks that provide demonstrations() and "

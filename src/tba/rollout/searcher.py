@@ -34,6 +34,7 @@ import torch
 
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import SearchConfig
+from tba.models import precision
 from tba.models.generation import ended_with_eos, shared_prompt_logprobs
 from tba.rollout.episode_stream import EpisodeStream
 from tba.rollout.episodes import END_REASONS, Episode, Limits, policy_logprobs, run_episodes
@@ -83,8 +84,11 @@ class Searcher:
     def __init__(
         self, sampler: Sampler, reference, tokenizer, task, cfg: SearchConfig, *, seed: int,
         shard: int = 0, num_shards: int = 1, source: str = "policy", scoring_temperature: float | None = None,
+        autocast: str | None = None,
     ):
-        """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature)."""
+        """`scoring_temperature`: the T of the reference log-probs (None = cfg.temperature); `autocast`:
+        model.autocast, the precision of sampling and scoring (tba.models.precision)."""
+        self.autocast = autocast
         self.sampler, self.reference, self.tokenizer, self.cfg = sampler, reference, tokenizer, cfg
         self.task = TaskAdapter.of(task)
         self.source = source
@@ -157,6 +161,10 @@ class Searcher:
     def step(self, sync: WeightSync | None = None) -> list[Group]:
         """One search iteration: prompts_per_batch prompts × S samples → one Group per prompt. `sync`: where the
         trainer's newest weights come from (None: a searcher that never loads them, or is loaded from outside)."""
+        with precision.autocast(self.reference.device, self.autocast):
+            return self._step(sync)
+
+    def _step(self, sync: WeightSync | None) -> list[Group]:
         t0 = time.perf_counter()
         self.stats.batches += 1
         if self.stream is not None:

@@ -36,6 +36,7 @@ from tba.models import (
     load_model,
     load_tokenizer,
     num_parameters,
+    precision,
     resolve_device,
     save_checkpoint,
 )
@@ -226,7 +227,7 @@ def trainer_args(cfg: RunConfig, reference, pad_id: int) -> dict:
            if objective.owns_reference else None)
     return dict(loss=objective.bind(cfg.tb, cfg.baselines, max_tokens=cfg.search.max_new_tokens), cfg=cfg.trainer,
                 beta=beta_schedule(cfg.tb), temperature=cfg.search.temperature, pad_id=pad_id, reference=own,
-                aging=aging_sources(cfg))
+                aging=aging_sources(cfg), autocast=cfg.model.autocast)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,10 +293,13 @@ class CurrentPolicy:
 
     evaluator: Evaluator
     trainer: Trainer
+    autocast: str | None = None
+    """model.autocast: evaluation computes as training does (tba.models.precision)."""
 
     def __call__(self) -> dict[str, float]:
         self.trainer.sync_copy()
-        return self.evaluator()
+        with precision.autocast(self.evaluator.policy.device, self.autocast):
+            return self.evaluator()
 
     def describe(self, metrics: dict[str, float]) -> str:
         return self.evaluator.describe(metrics)
@@ -351,7 +355,8 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         if resume_from is not None:
             restore_trainer(trainer, resume_from, checkpoint)
         buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), set_aside_buffer)
-        data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
+        with precision.autocast(device, cfg.model.autocast):  # π_ref scores the data as the searchers score theirs
+            data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
         sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
                                tokenizer=state.policy_source)
         behaviour, version = behaviour_policy(cfg, policy, trainer.version, state, resumed=resume_from is not None)
@@ -359,7 +364,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
                                 sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"))
         evaluation = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
                                limits=Limits.of(cfg.search, cfg.eval.max_new_tokens))
-        evaluator = CurrentPolicy(evaluation, trainer)
+        evaluator = CurrentPolicy(evaluation, trainer, cfg.model.autocast)
         identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
     except BaseException:
         trainer.close()

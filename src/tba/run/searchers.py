@@ -104,7 +104,8 @@ def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[Se
         specs.append(SearcherSpec(p.rank, g.num_searchers, searcher_seed(cfg.seed, p.rank), p.device, threads,
                                   p.search, task, sampler, own[g.name], cfg.model.dtype, limit, cfg.task.long_prompts,
                                   shard=p.shard, source=g.name, synced=g.sync if g.sync is not None else trained,
-                                  trained_policy=trained, scoring_temperature=s.temperature))
+                                  trained_policy=trained, scoring_temperature=s.temperature,
+                                  autocast=cfg.model.autocast))
     return specs
 
 

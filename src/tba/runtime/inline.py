@@ -120,7 +120,7 @@ def build_inline(parts: RuntimeParts) -> InlineRuntime:
                                 device=own.reference.device, seed=spec.seed, policy=policy)
         searcher = Searcher(sampler, own.reference, own.tokenizer, own.task, spec.search, seed=spec.seed,
                             shard=spec.shard, num_shards=spec.num_shards, source=spec.source,
-                            scoring_temperature=spec.scoring_temperature)
+                            scoring_temperature=spec.scoring_temperature, autocast=spec.autocast)
         searcher.version = parts.version if spec.synced else 0
         restore_searcher(searcher, parts.states[spec.rank] if parts.states else None)
         searchers.append(searcher)

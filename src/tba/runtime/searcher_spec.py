@@ -48,6 +48,8 @@ class SearcherSpec:
     """Its place in its group: it owns train prompts shard, shard + num_shards, …"""
     source: str = "policy"
     """Its group's name: the source every sample it produces records."""
+    autocast: str | None = None
+    """model.autocast: the precision it samples and scores in."""
     synced: bool = True
     """It loads every policy the trainer publishes; False: it samples its starting model for the whole run."""
     trained_policy: bool = True

@@ -80,7 +80,8 @@ def build_searcher(spec: SearcherSpec, state: dict | None = None) -> Searcher:
     sampler = build_sampler(spec.sampler, source=spec.sources.policy, tokenizer=tokenizer, device=device,
                             seed=spec.seed)
     searcher = Searcher(sampler, reference, tokenizer, task, spec.search, seed=spec.seed, shard=spec.shard,
-                        num_shards=spec.num_shards, source=spec.source, scoring_temperature=spec.scoring_temperature)
+                        num_shards=spec.num_shards, source=spec.source, scoring_temperature=spec.scoring_temperature,
+                        autocast=spec.autocast)
     restore_searcher(searcher, state)
     return searcher
 
