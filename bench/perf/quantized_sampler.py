@@ -88,7 +88,8 @@ def torchao_dynamic(model):
 
 
 def load(name: str, smoke_dir: Path | None) -> dict:
-    """The model (float32, from its recipe), its tokenizer, its task's prompts and the recipe's sampling settings;
+    """The model (float32, from its recipe), its tokenizer, its task's prompts, the recipe's sampling settings and
+    its whole config;
     `smoke_dir`: the default recipe shrunk to seconds, its SFT cache there."""
     from tba.config import load_config
     from tba.run.build import build_models, build_task, warm_start
@@ -103,7 +104,7 @@ def load(name: str, smoke_dir: Path | None) -> dict:
     return {"model": model.float().eval(), "tokenizer": tokenizer, "task": task, "prompts": task.train,
             "ids": [tokenizer(p.text)["input_ids"] for p in task.train],  # as the searcher does
             "temperature": cfg.search.temperature, "new_tokens": cfg.search.max_new_tokens,
-            "source": f"{cfg.model.policy} ({recipe or 'default recipe, smoke'})"}
+            "source": f"{cfg.model.policy} ({recipe or 'default recipe, smoke'})", "cfg": cfg}
 
 
 def samplers_for(model, tokenizer, variants) -> dict:

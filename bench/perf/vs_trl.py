@@ -283,8 +283,9 @@ def report(rows: list[dict], args) -> str:
     out.append("")
     by = {(r["system"], r["seed"]): r for r in rows}
     for seed in args.seeds:
-        out.append(f"- seed {seed}: TRL time-to-{args.target:.0%} / tba time-to-{args.target:.0%} = "
-                   f"{ratio(by[('trl-grpo', seed)], by[('tba', seed)], args.budget_s)}")
+        if ("trl-grpo", seed) in by and ("tba", seed) in by:
+            out.append(f"- seed {seed}: TRL time-to-{args.target:.0%} / tba time-to-{args.target:.0%} = "
+                       f"{ratio(by[('trl-grpo', seed)], by[('tba', seed)], args.budget_s)}")
         if ("tba-sync", seed) in by:
             out.append(f"- seed {seed}: tba-sync time-to-{args.target:.0%} / tba (async) time-to-{args.target:.0%} = "
                        f"{ratio(by[('tba-sync', seed)], by[('tba', seed)], args.budget_s).replace('TRL', 'sync')}")
@@ -362,19 +363,33 @@ def merge(args, argv: list[str] | None = None) -> int:
     """--merge: the union of several results files' rows (a seed in two files is an error), one report."""
     if args.budget_s is None or args.results is None:
         raise SystemExit("--merge needs --budget-s (the budget the runs used) and --results")
-    rows = [r for path in args.merge for r in raw_rows(path)]
+    picks = [merge_source(x) for x in args.merge]
+    rows = [r for path, system in picks for r in raw_rows(path) if system in (None, r["system"])]
     counts = collections.Counter((r["system"], r["seed"]) for r in rows)
     if dupes := sorted(k for k, n in counts.items() if n > 1):
         raise SystemExit(f"--merge: {dupes} occur in more than one file")
     args.seeds = sorted({r["seed"] for r in rows})
     md = report(rows, args)
     print(md)
-    sources = ", ".join(f"[{p.name}]({p.name})" for p in args.merge)
+    sources = ", ".join(f"[{p.name}]({p.name})" + (f" ({s} rows only)" if s else "") for p, s in picks)
     head = header(__spec__.name, f"merged from {sources} (their raw rows; each file names its command, machine "
                   "and clocks)", title="bench/perf/vs_trl.py --merge", argv=argv, packages=())
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
     plot(rows, figure(args), args.budget_s, args.target)
     return 0
+
+
+SYSTEMS = ("tba", "tba-sync", "trl-grpo")
+"""The `system` of a raw row."""
+
+
+def merge_source(arg: str) -> tuple[Path, str | None]:
+    """A --merge argument: FILE, or FILE:SYSTEM for that system's rows only (e.g. TRL's rows of an earlier file
+    beside a --no-trl run of tba with another setting)."""
+    path, _, system = arg.rpartition(":")
+    if path and system in SYSTEMS:
+        return Path(path), system
+    return Path(arg), None
 
 
 def figure(args) -> Path:
@@ -403,9 +418,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default bench/results/vs_trl/vs_trl.md (--smoke: bench/_out/vs_trl/smoke.md)")
     ap.add_argument("overrides", nargs="*", help="tba config overrides key=value (also shape TRL's settings)")
     ap.add_argument("--replot", type=Path, default=None, help="only redraw the figure of an existing results file")
-    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+    ap.add_argument("--merge", nargs="+", default=None,
                     help="no runs: one table and figure (--results) from the raw rows of these results files, "
-                         "e.g. seeds run in two invocations with the same command otherwise")
+                         "e.g. seeds run in two invocations with the same command otherwise; FILE:SYSTEM takes "
+                         "that system's rows only")
+    ap.add_argument("--no-trl", action="store_true", help="run tba only (its rows can be merged with TRL's rows of "
+                    "an earlier file, which TRL's settings must then match: --merge NEW.md OLD.md:trl-grpo)")
     return ap.parse_args(argv)
 
 
@@ -436,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                                              "logging.progress=false", f"eval.every_steps={args.eval_every}",
                                              *overrides, "runtime=inline", "mode=sync"])
             rows.append(summarise("tba-sync", seed, run_tba(sync, args, seed), args))
-        rows.append(summarise("trl-grpo", seed, run_trl(cfg, task, sft_dir, args, seed), args))
+        if not args.no_trl:
+            rows.append(summarise("trl-grpo", seed, run_trl(cfg, task, sft_dir, args, seed), args))
     md = report(rows, args)
     print(md)
     clocks = ("from launch: tba's start-up (models built, searchers started and ready) and TRL's (model load, "

@@ -13,3 +13,13 @@ def test_the_first_evaluation_at_or_above_the_target_and_the_line_through_the_tw
     assert crossing(EVALS, 0.1, 5400) == 2.0  # reached at the first evaluation
     assert crossing(EVALS, 0.7, 5400) is None and time_to(EVALS, 0.7, 5400) is None
     assert crossing(EVALS, 0.5, 400) is None  # the evaluation that reached it is past the budget
+
+
+def test_a_merge_source_may_name_the_system_whose_rows_it_gives():
+    from pathlib import Path
+
+    from bench.perf.vs_trl import merge_source
+
+    assert merge_source("a/b_seed5.md:trl-grpo") == (Path("a/b_seed5.md"), "trl-grpo")
+    assert merge_source("a/b_seed5.md") == (Path("a/b_seed5.md"), None)
+    assert merge_source("c:/odd:name.md") == (Path("c:/odd:name.md"), None)  # not a system: the whole path

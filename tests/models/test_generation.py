@@ -259,3 +259,41 @@ def test_shared_prompt_scoring_equals_the_full_forward(family_model, tiny_tokeni
     shared = shared_prompt_logprobs(family_model, prompts, responses, s, temperature, pad)
     assert shared.shape == full.shape
     torch.testing.assert_close(shared * mask, full, atol=2e-5, rtol=0)
+
+
+def test_grouped_logprobs_give_the_full_forwards_gradients(family_model, tiny_tokenizer, prompts):
+    """The trainer's shared-prompt forward (trainer.shared_prompts): a different number of responses per prompt,
+    the same log-probs and the same gradient of every weight as the forward over prompt + response per sample."""
+    from tba.models.generation import grouped_logprobs
+
+    pad, counts = tiny_tokenizer.pad_token_id, [3, 1, 2][:len(prompts)]
+    torch.manual_seed(0)
+    out = generate(family_model, prompts, num_samples=3, temperature=1.0, max_new_tokens=10,
+                   eos_id=tiny_tokenizer.eos_token_id, pad_id=pad)
+    picks = [i * 3 + j for i, c in enumerate(counts) for j in range(c)]
+    responses = [out[k][0] for k in picks]
+    responses[0] = responses[0][:1]
+    flat = [p for p, c in zip(prompts, counts, strict=False) for _ in range(c)]
+    weights = torch.linspace(-1, 1, len(responses))
+
+    def grads(logp_fn):
+        family_model.zero_grad()
+        logp = logp_fn()
+        (logp.sum(-1) * weights).sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in family_model.named_parameters() if p.grad is not None}
+
+    full, full_grads = grads(lambda: response_logprobs(family_model, flat, responses, 0.7, pad)[0])
+    grouped, grouped_grads = grads(lambda: grouped_logprobs(family_model, prompts[:len(counts)], responses, counts,
+                                                            0.7, pad))
+    family_model.zero_grad()
+    torch.testing.assert_close(grouped, full, atol=2e-5, rtol=0)
+    assert grouped_grads.keys() == full_grads.keys() and full_grads
+    for name, g in full_grads.items():
+        torch.testing.assert_close(grouped_grads[name], g, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_grouped_logprobs_refuse_counts_that_do_not_add_up(tiny_model, tiny_tokenizer):
+    from tba.models.generation import grouped_logprobs
+
+    with pytest.raises(ValueError, match="counts add up to 3, but there are 2 responses"):
+        grouped_logprobs(tiny_model, [[5, 6]], [[7], [8]], [3], 1.0, tiny_tokenizer.pad_token_id)

@@ -253,6 +253,11 @@ class TrainerConfig:
     """K: completions per prompt group."""
     micro_batch_prompts: int = setting(8, positive)
     """Prompt groups per forward/backward (gradient accumulation groups by prompt, never splits one)."""
+    shared_prompts: bool = True
+    """Run each prompt group's prompt once in the forward and backward, its keys and values shared by the group's
+    samples (tba.models.generation.grouped_logprobs): the same log-probs and gradients up to float rounding, less
+    work the longer the prompts (chat templates). False = prompt + response per sample. Not used under
+    trainer.fsdp.activation_checkpointing (a recomputed layer would append to the shared cache again)."""
     sync_every_steps: int = setting(1, sync_period)
     """k: the trainer publishes its weights (with a version) to the searchers every k steps. 0 = never: the
     searchers sample from the starting policy (π_ref, unless model.reference says otherwise) for the whole run,

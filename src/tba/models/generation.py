@@ -342,34 +342,50 @@ def response_logprobs(
 @torch.no_grad()
 def shared_prompt_logprobs(model, prompts: list[list[int]], responses: list[list[int]], num_samples: int,
                            temperature: float, pad_id: int) -> torch.Tensor:
-    """`response_logprobs` of `num_samples` responses per prompt (prompt-major), each prompt run once: its keys
-    and values are computed for one row and repeated for its samples, whose responses then run over that cache.
+    """`response_logprobs` of `num_samples` responses per prompt (prompt-major), each prompt run once
+    (`grouped_logprobs`, without gradients).
 
     Why: a searcher scores every sample under π_ref, and a chat prompt is often longer than its responses, so
-    scoring prompt + response per sample spent most of the forward on S copies of the same prompt. The numbers
-    are those of the full forward up to float rounding (tests/models/test_generation.py). Returns logp [N, R]
-    (N = len(responses)), 0 at padded positions.
+    scoring prompt + response per sample spent most of the forward on S copies of the same prompt. Returns logp
+    [N, R] (N = len(responses)), 0 at padded positions.
     """
+    return grouped_logprobs(model, prompts, responses, [num_samples] * len(prompts), temperature, pad_id)
+
+
+def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]], counts: list[int],
+                     temperature: float, pad_id: int) -> torch.Tensor:
+    """Per-token log-probs (logits ÷ T) of `counts[i]` responses to prompt i (prompt-major), each prompt run once:
+    its keys and values are computed for one row and indexed out to its responses, which then run over them.
+    Differentiable: the trainer takes its gradients through the shared prompt (trainer.shared_prompts).
+
+    The numbers are those of `response_logprobs`' full forward up to float rounding, and so are the gradients
+    (tests/models/test_generation.py): attention of a response row to the prompt is the same whether the prompt's
+    keys were computed in that row or copied into it. Returns logp [N, R], 0 at padded positions.
+    """
+    if sum(counts) != len(responses):
+        raise ValueError(f"counts add up to {sum(counts)}, but there are {len(responses)} responses")
     if max((len(x) for x in responses), default=0) == 0:
         return torch.zeros(len(responses), 0, device=model.device)
     device = model.device
     ids, mask = (x.to(device) for x in _pad(prompts, pad_id, left=True))  # [P, L]
     pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    try:  # only the last prompt position's logits are needed: the LM head on one position, not L
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    except TypeError:  # a model without `logits_to_keep`
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
     cache = getattr(out, CACHE)
-    first = out.logits[:, -1].float().repeat_interleave(num_samples, 0)  # [N, V]: predicts each response's token 0
-    cache.batch_repeat_interleave(num_samples)
+    index = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
+    first = out.logits[:, -1].float()[index] / temperature  # [N, V]: predicts each response's token 0
+    cache.batch_select_indices(index)  # [P, …] → [N, …]: a gather, so gradients flow back to the prompt's row
     lengths = torch.tensor([len(r) for r in responses], device=device)
     resp, resp_mask = (x.to(device) for x in _pad(responses, pad_id, left=False))  # [N, R]
     n, r = resp.shape
-    logp = torch.zeros(n, r, device=device)
-    z = first / temperature
-    logp[:, 0] = z.gather(-1, resp[:, :1]).squeeze(-1) - torch.logsumexp(z, -1)
+    parts = [(first.gather(-1, resp[:, :1]).squeeze(-1) - torch.logsumexp(first, -1))[:, None]]  # [N, 1]
     if r > 1:
-        attn = torch.cat([mask.repeat_interleave(num_samples, 0), resp_mask], 1)[:, :-1]  # [N, L + R − 1]
-        rpos = pos[:, -1:].repeat_interleave(num_samples, 0) + 1 + torch.arange(r - 1, device=device)  # [N, R − 1]
+        attn = torch.cat([mask[index], resp_mask], 1)[:, :-1]  # [N, L + R − 1]
+        rpos = pos[index, -1:] + 1 + torch.arange(r - 1, device=device)  # [N, R − 1]
         logits = model(input_ids=resp[:, :-1], attention_mask=attn, position_ids=rpos, use_cache=True,
                        **{CACHE: cache}).logits.float() / temperature  # [N, R − 1, V]: predicts tokens 1 … R − 1
-        logp[:, 1:] = logits.gather(-1, resp[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+        parts.append(logits.gather(-1, resp[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1))
     keep = torch.arange(r, device=device)[None, :] < lengths[:, None]
-    return logp * keep
+    return torch.cat(parts, 1) * keep
