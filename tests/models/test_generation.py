@@ -284,7 +284,7 @@ def test_grouped_logprobs_give_the_full_forwards_gradients(family_model, tiny_to
 
     full, full_grads = grads(lambda: response_logprobs(family_model, flat, responses, 0.7, pad)[0])
     grouped, grouped_grads = grads(lambda: grouped_logprobs(family_model, prompts[:len(counts)], responses, counts,
-                                                            0.7, pad))
+                                                            0.7, pad)[0])
     family_model.zero_grad()
     torch.testing.assert_close(grouped, full, atol=2e-5, rtol=0)
     assert grouped_grads.keys() == full_grads.keys() and full_grads

@@ -103,8 +103,8 @@ class Trainer:
         model.eval()  # dropout off (see the module docstring)
         self.temperature, self.pad_id = temperature, pad_id
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-        # fused: one kernel over every tensor (CPU and CUDA), a quarter of the foreach step's time on a CPU
-        # (bench/results/update_cost/); a sharded trainer's DTensor shards keep torch's default implementation
+        # fused: one kernel over every tensor (CPU and CUDA) instead of torch's default loop of foreach kernels; a
+        # sharded trainer's DTensor shards keep the default implementation
         self.optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
                                            weight_decay=cfg.weight_decay, fused=not self.sharded or None)
         self.version = 0
@@ -159,10 +159,8 @@ class Trainer:
         responses = [s.response for d in micro for s in d.samples]
         with precision.autocast(self.model.device, self.autocast):  # backward runs outside, as torch advises
             if self.cfg.shared_prompts and not self.cfg.fsdp.activation_checkpointing:
-                logp_tok = grouped_logprobs(self.model, [d.prompt_tokens for d in micro], responses,
-                                            [len(d.samples) for d in micro], self.temperature, self.pad_id)
-                lengths = torch.tensor([len(r) for r in responses], device=logp_tok.device)  # [N]
-                mask = (torch.arange(logp_tok.shape[1], device=lengths.device)[None, :] < lengths[:, None]).float()
+                logp_tok, mask = grouped_logprobs(self.model, [d.prompt_tokens for d in micro], responses,
+                                                  [len(d.samples) for d in micro], self.temperature, self.pad_id)
             else:
                 logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
             ref_tok = (self.reference.logprobs(prompts, responses, self.temperature, self.pad_id)

@@ -113,7 +113,7 @@ class ModelConfig:
     autocast: str | None = setting(None, or_none(one_of(("bfloat16", "float16"))))
     """Mixed precision (torch.autocast) for every forward: the trainer's, the searchers' sampling and π_ref
     scoring, evaluation; the weights stay model.dtype (tba.models.precision). null = compute in model.dtype.
-    bfloat16 is TRL's `bf16=True`; on CPUs with AMX it trains and samples several times faster."""
+    bfloat16 is TRL's `bf16=True`; on a CPU with AMX it trains and samples faster (docs/results.md)."""
     device: str = setting("cpu", devices)
     """Where the trainer's policy and reference live: cpu | cuda | cuda:N | auto (cuda if available)."""
     lora: LoraConfig = setting(factory=LoraConfig)

@@ -349,23 +349,25 @@ def shared_prompt_logprobs(model, prompts: list[list[int]], responses: list[list
     scoring prompt + response per sample spent most of the forward on S copies of the same prompt. Returns logp
     [N, R] (N = len(responses)), 0 at padded positions.
     """
-    return grouped_logprobs(model, prompts, responses, [num_samples] * len(prompts), temperature, pad_id)
+    return grouped_logprobs(model, prompts, responses, [num_samples] * len(prompts), temperature, pad_id)[0]
 
 
 def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]], counts: list[int],
-                     temperature: float, pad_id: int) -> torch.Tensor:
+                     temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs (logits ÷ T) of `counts[i]` responses to prompt i (prompt-major), each prompt run once:
     its keys and values are computed for one row and indexed out to its responses, which then run over them.
     Differentiable: the trainer takes its gradients through the shared prompt (trainer.shared_prompts).
 
     The numbers are those of `response_logprobs`' full forward up to float rounding, and so are the gradients
     (tests/models/test_generation.py): attention of a response row to the prompt is the same whether the prompt's
-    keys were computed in that row or copied into it. Returns logp [N, R], 0 at padded positions.
+    keys were computed in that row or copied into it. Returns (logp [N, R], mask [N, R]) as `response_logprobs`
+    does; padded positions hold 0.
     """
     if sum(counts) != len(responses):
         raise ValueError(f"counts add up to {sum(counts)}, but there are {len(responses)} responses")
     if max((len(x) for x in responses), default=0) == 0:
-        return torch.zeros(len(responses), 0, device=model.device)
+        empty = torch.zeros(len(responses), 0, device=model.device)
+        return empty, empty
     device = model.device
     ids, mask = (x.to(device) for x in _pad(prompts, pad_id, left=True))  # [P, L]
     pos = (mask.cumsum(-1) - 1).clamp_(min=0)
@@ -387,5 +389,5 @@ def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]]
         logits = model(input_ids=resp[:, :-1], attention_mask=attn, position_ids=rpos, use_cache=True,
                        **{CACHE: cache}).logits.float() / temperature  # [N, R − 1, V]: predicts tokens 1 … R − 1
         parts.append(logits.gather(-1, resp[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1))
-    keep = torch.arange(r, device=device)[None, :] < lengths[:, None]
-    return torch.cat(parts, 1) * keep
+    keep = (torch.arange(r, device=device)[None, :] < lengths[:, None]).float()  # [N, R]
+    return torch.cat(parts, 1) * keep, keep
