@@ -12,7 +12,9 @@ steady state is what counts). A continuous searcher enters the timed window with
 others, which are not counted as delivered; so the table also gives tokens sampled in the window ÷ its wall time,
 which in the steady state is the same rate without that edge (for static batching the two are equal). Static and
 continuous alternate within a repeat so that a busy machine slows
-both alike. `--slots` adds continuous batching with that many rows in flight (default: the static batch's rows).
+both alike. `--slots N` adds continuous batching with N rows in flight (default: the static batch's rows) and static
+batching with N rows (N / search.generations_per_prompt prompts a batch; skipped where that does not divide): each
+continuous row's ratio is to static batching with as many rows, measured in the same repeat.
 
 Also reported, from the decode loops' own counters (tba.models.generation.DecodeStats): the share of row
 computations that produced no token (a finished row still in the batch, padding, an empty slot) and the share
@@ -97,11 +99,15 @@ def useful(sample) -> int:
 
 def measure(cfg, task, tokenizer, policy, reference, batching: str, groups: int, seed: int,
             slots: int | None = None) -> dict:
+    """`slots`: continuous batching with that many rows in flight; static batching with that many rows a batch."""
     import dataclasses
 
-    search = dataclasses.replace(cfg.search, batching=batching, slots=slots)
+    if batching == "static" and slots is not None:
+        search = dataclasses.replace(cfg.search, prompts_per_batch=slots // cfg.search.generations_per_prompt)
+    else:
+        search = dataclasses.replace(cfg.search, batching=batching, slots=slots)
     sampler = HFSampler(policy, tokenizer)
-    searcher = Searcher(sampler, reference, tokenizer, task, search, seed=seed)
+    searcher = Searcher(sampler, reference, tokenizer, task, search, seed=seed, autocast=cfg.model.autocast)
     torch.manual_seed(seed)
     # warm-up, not timed: a searcher runs for a whole run, so what counts is its steady state — for continuous
     # batching, rows in flight at every stage of their lives, reached after the slots have turned over twice
@@ -132,17 +138,20 @@ def measure(cfg, task, tokenizer, policy, reference, batching: str, groups: int,
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| recipe | batching | useful tokens/s (median) | ratio to static (median of repeats) | worst repeat "
-           "ratio | sampled tokens/s, ratio (median) | row computations without a token | capacity without a token "
-           "| response length median / p90 / max |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| recipe | batching | useful tokens/s (median) | ratio to static with as many rows (median of repeats) "
+           "| worst repeat ratio | sampled tokens/s, ratio (median) | row computations without a token "
+           "| capacity without a token | response length median / p90 / max |", "|---|---|---|---|---|---|---|---|---|"]
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         mine = [r for r in rows if r["recipe"] == recipe]
-        static = {r["repeat"]: r for r in mine if r["batching"] == "static"}
+        static = {(r["repeat"], r["slots"]): r for r in mine if r["batching"] == "static"}
         for batching, slots in dict.fromkeys((r["batching"], r["slots"]) for r in mine):
             rs = [r for r in mine if (r["batching"], r["slots"]) == (batching, slots)]
-            name = batching if slots is None else f"{batching}, {slots} slots"
-            ratios = [r["tokens_per_s"] / static[r["repeat"]]["tokens_per_s"] for r in rs]
-            sampled = [r["sampled_tokens_per_s"] / static[r["repeat"]]["sampled_tokens_per_s"] for r in rs]
+            unit = "slots" if batching == "continuous" else "rows"
+            name = batching if slots is None else f"{batching}, {slots} {unit}"
+            # each against static batching with as many rows in the same repeat (else the recipe's own batch)
+            base = [static.get((r["repeat"], r["slots"]), static[(r["repeat"], None)]) for r in rs]
+            ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, base, strict=True)]
+            sampled = [r["sampled_tokens_per_s"] / b["sampled_tokens_per_s"] for r, b in zip(rs, base, strict=True)]
             out.append(f"| {recipe} | {name} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | "
                        f"{statistics.median(ratios):.2f}× | {min(ratios):.2f}× | "
                        f"{statistics.median(r['sampled_tokens_per_s'] for r in rs):.1f}, "
@@ -161,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--groups", type=int, default=24, help="groups delivered per measurement")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--slots", type=int, nargs="*", default=[], help="continuous batching with these rows too")
+    ap.add_argument("--slots", type=int, nargs="*", default=[],
+                    help="continuous and static batching with these rows too (static: where S divides them)")
     ap.add_argument("--env-latency-s", type=float, nargs="+", default=[0.0],
                     help="episodic recipes: measure with each of these delays before every environment step")
     ap.add_argument("--episodes-smollm2", action="store_true",
@@ -184,8 +194,10 @@ def main(argv: list[str] | None = None) -> None:
             parts = (cfg, with_latency(task, delay), *models)
             name = recipe if delay == 0 else f"{recipe}, environment +{delay * 1000:g} ms per step"
             for repeat in range(repeats):
+                s = cfg.search.generations_per_prompt
                 for batching, slots in [("static", None), ("continuous", None),
-                                        *[("continuous", n) for n in args.slots]]:
+                                        *[(b, n) for n in args.slots for b in ("static", "continuous")
+                                          if b == "continuous" or n % s == 0]]:
                     row = {"recipe": name, "repeat": repeat, "slots": slots,
                            **measure(*parts, batching, groups, seed=repeat, slots=slots)}
                     print(json.dumps(row), flush=True)

@@ -154,6 +154,49 @@ def test_a_kept_sample_resumes_its_next_turn_from_its_parked_cache(tiny_model, t
     assert [lp for *_, lp in policy] == pytest.approx([logp[r, k].item() for r, k, _ in policy], abs=1e-4)
 
 
+@pytest.mark.parametrize("family", ["tiny", "llama-gqa", "gpt2"])
+def test_resumes_admitted_together_share_one_forward_with_each_episodes_logprobs(family, tiny_model, tiny_tokenizer,
+                                                                                  prompts, monkeypatch):
+    """Episodes of different prompt lengths whose turns end apart and whose 'environment' answers differ in length
+    resume in one admission (refill = every slot): one forward extends all their caches (gaps masked, positions
+    per row), and every policy token's log-prob is still a forward over the whole episode from scratch."""
+    from test_generation import _family
+
+    model = tiny_model if family == "tiny" else _family(family, tiny_tokenizer)
+    tok, t, budget, turns = tiny_tokenizer, 0.9, 4, 3
+    answers = [tok(a, add_special_tokens=False)["input_ids"] for a in ["=1", "=12+7", "+", "=40+33=7"]]
+    torch.manual_seed(4)
+    engine = engine_of(model, tok, 6, temperature=t, refill=6)
+    forwards = []
+    extend = engine._extend
+    monkeypatch.setattr(engine, "_extend", lambda parked, tokens: forwards.append(len(parked)) or extend(parked,
+                                                                                                         tokens))
+    for i in range(3):
+        engine.submit(i, prompts[2 * i + 1], 2, budget, keep=True)
+    ends = collections.defaultdict(list)
+    steps = 0
+    while not engine.idle:
+        for f in engine.step(0):
+            ends[f.key, f.index].append(f)
+            if len(ends[f.key, f.index]) < turns:
+                engine.resume(f.key, f.index, answers[(f.key + f.index + len(ends[f.key, f.index])) % 4], budget)
+            else:
+                engine.release(f.key, f.index)
+        steps += 1
+        assert steps < 1000
+    assert forwards == [6] * (turns - 1) and not engine.parked  # every resume of a turn in one forward
+    responses, policy = [], []
+    for (key, index), fs in sorted(ends.items()):
+        response = []
+        for j, f in enumerate(fs):
+            policy += [(len(responses), len(response) + k, lp) for k, lp in enumerate(f.logprobs)]
+            response += f.tokens + (answers[(key + index + j + 1) % 4] if j < turns - 1 else [])
+        responses.append(response)
+    logp, _ = response_logprobs(model, [prompts[2 * key + 1] for key, _ in sorted(ends)], responses, t,
+                                tok.pad_token_id)
+    assert [lp for *_, lp in policy] == pytest.approx([logp[r, k].item() for r, k, _ in policy], abs=1e-4)
+
+
 def test_resuming_what_is_not_parked_names_the_sample(tiny_model, tiny_tokenizer, prompts):
     engine = engine_of(tiny_model, tiny_tokenizer, 2)
     with pytest.raises(KeyError, match="sample 0 of 'a' is not parked"):

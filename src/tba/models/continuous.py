@@ -18,8 +18,9 @@ token is sampled from the newest policy given its prefix, as a fresh generation 
 Multi-turn episodes (tba.rollout.episode_stream) keep their cache across turns: a sample submitted with
 `keep=True` that ends a turn frees its slot, and its keys and values (prompt and every turn so far) are parked;
 `resume` queues its next turn, prefilled from the parked cache with only the tokens the cache lacks (the turn's
-last token and the environment's answer), so a turn costs its own tokens, not the episode's. Parked keys and
-values are kept across weight updates, like a row's in flight.
+last token and the environment's answer), so a turn costs its own tokens, not the episode's; the turns admitted
+together extend their caches in one forward (`_extend`). Parked keys and values are kept across weight updates,
+like a row's in flight.
 
 Exactness: with the same prompts, every row admitted at once and no row ending early, the rows see the same
 forwards, masks and uniforms (one per sampled row per step, from the global torch generator) as `generate`, and
@@ -193,7 +194,8 @@ class ContinuousBatch:
                 new[q.key] = q.prompt
         if new:
             self._prefill(new, version)
-        pres = [self._resumed(q, version) if q.resume else self.prefills[q.key] for q in taken]
+        resumed = iter(self._resume([q for q in taken if q.resume], version))
+        pres = [next(resumed) if q.resume else self.prefills[q.key] for q in taken]
         logits = torch.stack([pre.logits for pre in pres])  # [n, V]
         longest = max(pre.keys[0].shape[-2] for pre in pres)
         room = max([q.budget for q in taken] + [r.budget - len(r.tokens) for r in self.rows if r is not None])
@@ -221,28 +223,56 @@ class ContinuousBatch:
     def _prefill(self, prompts: dict, version: int) -> None:
         self.prefills.update(zip(prompts, self._prefill_rows(list(prompts.values()), version), strict=True))
 
-    def _resumed(self, q: _Queued, version: int) -> _Prefill:
-        """A parked sample's next turn: its cache extended by a forward over the tokens it lacks (recompute, after a
-        weight change: a forward over its whole context)."""
-        parked = self.parked.pop((q.key, q.index))
-        if self.recompute and parked.version != version:
-            self.recomputed_tokens += len(parked.context)
-            return self._prefill_rows([q.context], version)[0]
-        cached, m = parked.keys[0].shape[-2], len(q.prompt)
+    def _resume(self, queued: list[_Queued], version: int) -> list[_Prefill]:
+        """Parked samples' next turns, admitted together: each cache extended by the tokens it lacks, all in one
+        forward (`_extend`); with recompute, after a weight change, a forward over the whole context instead."""
+        parked = [self.parked.pop((q.key, q.index)) for q in queued]
+        out: list[_Prefill | None] = [None] * len(queued)
+        stale = [i for i, p in enumerate(parked) if self.recompute and p.version != version]
+        if stale:
+            self.recomputed_tokens += sum(len(parked[i].context) for i in stale)
+            for i, pre in zip(stale, self._prefill_rows([queued[i].context for i in stale], version), strict=True):
+                out[i] = pre
+        kept = [i for i in range(len(queued)) if out[i] is None]
+        if kept:
+            for i, pre in zip(kept, self._extend([parked[i] for i in kept], [queued[i].prompt for i in kept]),
+                              strict=True):
+                out[i] = pre
+        return out
+
+    def _extend(self, parked: list[_Parked], tokens: list[list[int]]) -> list[_Prefill]:
+        """One forward over every parked cache and the tokens it lacks. Row i holds its cache right-aligned at
+        [C − cached_i, C) and its tokens right-aligned at [C + M − m_i, C + M), the gaps masked out and its own
+        position ids: a turn costs its own tokens, and the resumes of one admission share a forward."""
+        cached, m = [p.keys[0].shape[-2] for p in parked], [len(t) for t in tokens]
+        n, c, w = len(parked), max(cached), max(cached) + max(m)
+        device = parked[0].keys[0].device
         layers = []
-        for k, v in zip(parked.keys, parked.values, strict=True):
-            kb, vb = k.new_empty(1, k.shape[0], cached + m, k.shape[-1]), v.new_empty(1, v.shape[0], cached + m,
-                                                                                      v.shape[-1])
-            kb[0, :, :cached], vb[0, :, :cached] = k, v
-            layers.append(_SlotLayer(kb, vb, cached))
+        for j in range(len(parked[0].keys)):
+            kb = parked[0].keys[j].new_zeros(n, *parked[0].keys[j].shape[:-2], w, parked[0].keys[j].shape[-1])
+            vb = parked[0].values[j].new_zeros(n, *parked[0].values[j].shape[:-2], w, parked[0].values[j].shape[-1])
+            for i, p in enumerate(parked):
+                kb[i, :, c - cached[i]:c], vb[i, :, c - cached[i]:c] = p.keys[j], p.values[j]
+            layers.append(_SlotLayer(kb, vb, c))
         cache = DynamicCache()
         cache.layers = layers
-        device = parked.keys[0].device
-        ids = torch.tensor([q.prompt], device=device)
-        out = _forward(self.model, input_ids=ids, attention_mask=torch.ones(1, cached + m, dtype=torch.long,
-                                                                            device=device),
-                       position_ids=torch.arange(cached, cached + m, device=device)[None], **{CACHE: cache})
-        return _Prefill([x._k[0] for x in layers], [x._v[0] for x in layers], out.logits[0, -1], parked.version)
+        ids = torch.full((n, w - c), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(n, w, dtype=torch.long)
+        pos = torch.zeros(n, w - c, dtype=torch.long)
+        for i, t in enumerate(tokens):
+            ids[i, w - c - m[i]:] = torch.tensor(t)
+            mask[i, c - cached[i]:c] = 1
+            mask[i, w - m[i]:] = 1
+            pos[i] = cached[i]  # a gap's queries: any position (nothing reads them)
+            pos[i, w - c - m[i]:] = torch.arange(cached[i], cached[i] + m[i])
+        out = _forward(self.model, input_ids=ids.to(device), attention_mask=mask.to(device),
+                       position_ids=pos.to(device), **{CACHE: cache})
+
+        def kept(buf: torch.Tensor, i: int) -> torch.Tensor:
+            return torch.cat([buf[i, :, c - cached[i]:c], buf[i, :, w - m[i]:]], dim=-2)
+
+        return [_Prefill([kept(x._k, i) for x in layers], [kept(x._v, i) for x in layers], out.logits[i, -1],
+                         p.version) for i, p in enumerate(parked)]
 
     def _prefill_rows(self, contexts: list[list[int]], version: int) -> list[_Prefill]:
         """Keys, values and last logits of each context from scratch (one left-padded forward)."""
