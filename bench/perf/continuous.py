@@ -14,7 +14,8 @@ which in the steady state is the same rate without that edge (for static batchin
 continuous alternate within a repeat so that a busy machine slows
 both alike. `--slots N` adds continuous batching with N rows in flight (default: the static batch's rows) and static
 batching with N rows (N / search.generations_per_prompt prompts a batch; skipped where that does not divide): each
-continuous row's ratio is to static batching with as many rows, measured in the same repeat.
+continuous row's ratio is to static batching with as many rows, measured in the same repeat (`--only-slots`: those
+sizes only, not the recipe's own batch).
 
 Also reported, from the decode loops' own counters (tba.models.generation.DecodeStats): the share of row
 computations that produced no token (a finished row still in the batch, padding, an empty slot) and the share
@@ -149,7 +150,7 @@ def table(rows: list[dict]) -> str:
             unit = "slots" if batching == "continuous" else "rows"
             name = batching if slots is None else f"{batching}, {slots} {unit}"
             # each against static batching with as many rows in the same repeat (else the recipe's own batch)
-            base = [static.get((r["repeat"], r["slots"]), static[(r["repeat"], None)]) for r in rs]
+            base = [static.get((r["repeat"], r["slots"])) or static[(r["repeat"], None)] for r in rs]
             ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, base, strict=True)]
             sampled = [r["sampled_tokens_per_s"] / b["sampled_tokens_per_s"] for r, b in zip(rs, base, strict=True)]
             out.append(f"| {recipe} | {name} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | "
@@ -172,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--slots", type=int, nargs="*", default=[],
                     help="continuous and static batching with these rows too (static: where S divides them)")
+    ap.add_argument("--only-slots", action="store_true",
+                    help="measure only the --slots sizes (static and continuous), not the recipe's own batch")
     ap.add_argument("--env-latency-s", type=float, nargs="+", default=[0.0],
                     help="episodic recipes: measure with each of these delays before every environment step")
     ap.add_argument("--episodes-smollm2", action="store_true",
@@ -195,9 +198,12 @@ def main(argv: list[str] | None = None) -> None:
             name = recipe if delay == 0 else f"{recipe}, environment +{delay * 1000:g} ms per step"
             for repeat in range(repeats):
                 s = cfg.search.generations_per_prompt
-                for batching, slots in [("static", None), ("continuous", None),
-                                        *[(b, n) for n in args.slots for b in ("static", "continuous")
-                                          if b == "continuous" or n % s == 0]]:
+                if args.only_slots and (not args.slots or any(n % s for n in args.slots)):
+                    raise SystemExit(f"--only-slots: give --slots as multiples of {recipe}'s "
+                                     f"search.generations_per_prompt ({s}): each is compared with static batching")
+                own = [] if args.only_slots else [("static", None), ("continuous", None)]
+                for batching, slots in [*own, *[(b, n) for n in args.slots for b in ("static", "continuous")
+                                                if b == "continuous" or n % s == 0]]:
                     row = {"recipe": name, "repeat": repeat, "slots": slots,
                            **measure(*parts, batching, groups, seed=repeat, slots=slots)}
                     print(json.dumps(row), flush=True)
