@@ -104,7 +104,8 @@ def measure(cfg, task, tokenizer, policy, reference, batching: str, groups: int,
     import dataclasses
 
     if batching == "static" and slots is not None:
-        search = dataclasses.replace(cfg.search, prompts_per_batch=slots // cfg.search.generations_per_prompt)
+        search = dataclasses.replace(cfg.search, batching="static",
+                                     prompts_per_batch=slots // cfg.search.generations_per_prompt)
     else:
         search = dataclasses.replace(cfg.search, batching=batching, slots=slots)
     sampler = HFSampler(policy, tokenizer)
