@@ -197,14 +197,15 @@ def main(argv: list[str] | None = None) -> None:
             cfg, task, *models = make(recipe, overrides)
             parts = (cfg, with_latency(task, delay), *models)
             name = recipe if delay == 0 else f"{recipe}, environment +{delay * 1000:g} ms per step"
+            s = cfg.search.generations_per_prompt
+            if args.only_slots and (not args.slots or any(n % s for n in args.slots)):
+                raise SystemExit(f"--only-slots: give --slots as multiples of {recipe}'s "
+                                 f"search.generations_per_prompt ({s}): each is compared with static batching")
+            own = [] if args.only_slots else [("static", None), ("continuous", None)]
+            settings = [*own, *[(b, n) for n in args.slots for b in ("static", "continuous")
+                                if b == "continuous" or n % s == 0]]
             for repeat in range(repeats):
-                s = cfg.search.generations_per_prompt
-                if args.only_slots and (not args.slots or any(n % s for n in args.slots)):
-                    raise SystemExit(f"--only-slots: give --slots as multiples of {recipe}'s "
-                                     f"search.generations_per_prompt ({s}): each is compared with static batching")
-                own = [] if args.only_slots else [("static", None), ("continuous", None)]
-                for batching, slots in [*own, *[(b, n) for n in args.slots for b in ("static", "continuous")
-                                                if b == "continuous" or n % s == 0]]:
+                for batching, slots in settings:
                     row = {"recipe": name, "repeat": repeat, "slots": slots,
                            **measure(*parts, batching, groups, seed=repeat, slots=slots)}
                     print(json.dumps(row), flush=True)

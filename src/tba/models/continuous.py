@@ -227,18 +227,14 @@ class ContinuousBatch:
         """Parked samples' next turns, admitted together: each cache extended by the tokens it lacks, all in one
         forward (`_extend`); with recompute, after a weight change, a forward over the whole context instead."""
         parked = [self.parked.pop((q.key, q.index)) for q in queued]
-        out: list[_Prefill | None] = [None] * len(queued)
-        stale = [i for i, p in enumerate(parked) if self.recompute and p.version != version]
-        if stale:
-            self.recomputed_tokens += sum(len(parked[i].context) for i in stale)
-            for i, pre in zip(stale, self._prefill_rows([queued[i].context for i in stale], version), strict=True):
-                out[i] = pre
-        kept = [i for i in range(len(queued)) if out[i] is None]
-        if kept:
-            for i, pre in zip(kept, self._extend([parked[i] for i in kept], [queued[i].prompt for i in kept]),
-                              strict=True):
-                out[i] = pre
-        return out
+        stale = [self.recompute and p.version != version for p in parked]
+        self.recomputed_tokens += sum(len(p.context) for p, old in zip(parked, stale, strict=True) if old)
+        fresh = iter(self._prefill_rows([q.context for q, old in zip(queued, stale, strict=True) if old], version)
+                     if any(stale) else ())
+        extended = iter(self._extend([p for p, old in zip(parked, stale, strict=True) if not old],
+                                     [q.prompt for q, old in zip(queued, stale, strict=True) if not old])
+                        if not all(stale) else ())
+        return [next(fresh) if old else next(extended) for old in stale]
 
     def _extend(self, parked: list[_Parked], tokens: list[list[int]]) -> list[_Prefill]:
         """One forward over every parked cache and the tokens it lacks. Row i holds its cache right-aligned at
@@ -247,13 +243,15 @@ class ContinuousBatch:
         cached, m = [p.keys[0].shape[-2] for p in parked], [len(t) for t in tokens]
         n, c, w = len(parked), max(cached), max(cached) + max(m)
         device = parked[0].keys[0].device
-        layers = []
-        for j in range(len(parked[0].keys)):
-            kb = parked[0].keys[j].new_zeros(n, *parked[0].keys[j].shape[:-2], w, parked[0].keys[j].shape[-1])
-            vb = parked[0].values[j].new_zeros(n, *parked[0].values[j].shape[:-2], w, parked[0].values[j].shape[-1])
-            for i, p in enumerate(parked):
-                kb[i, :, c - cached[i]:c], vb[i, :, c - cached[i]:c] = p.keys[j], p.values[j]
-            layers.append(_SlotLayer(kb, vb, c))
+
+        def stacked(per_row: list[torch.Tensor]) -> torch.Tensor:  # [H, cached_i, D] each → [n, H, w, D]
+            buf = per_row[0].new_zeros(n, *per_row[0].shape[:-2], w, per_row[0].shape[-1])
+            for i, x in enumerate(per_row):
+                buf[i, :, c - cached[i]:c] = x
+            return buf
+
+        layers = [_SlotLayer(stacked([p.keys[j] for p in parked]), stacked([p.values[j] for p in parked]), c)
+                  for j in range(len(parked[0].keys))]
         cache = DynamicCache()
         cache.layers = layers
         ids = torch.full((n, w - c), self.pad_id, dtype=torch.long)
