@@ -93,39 +93,6 @@ def test_offline_uniform_without_replacement_and_reward_softmax():
     assert counts[0] == 50
 
 
-def test_mixed_rewards_draws_k_samples_that_differ_in_reward_uniformly_among_such_draws():
-    """One correct sample of six: a uniform draw of four misses it a third of the time; mixed_rewards never, and
-    the three others stay uniform over the five wrong ones."""
-    group = Group(0, [1], [s([i], reward=float(i == 0)) for i in range(6)])
-    plain, mixed = make(online_prob=1.0, seed=0), make(online_prob=1.0, mixed_rewards=True, seed=0)
-    plain.add(group), mixed.add(group)
-    draws = {name: [[x.response[0] for x in buf.sample(1, k=4)[0].samples] for _ in range(600)]
-             for name, buf in (("plain", plain), ("mixed", mixed))}
-    assert 0.55 < sum(0 in d for d in draws["plain"]) / 600 < 0.78  # 4/6 expected
-    assert all(0 in d and len(set(d)) == 4 for d in draws["mixed"])
-    others = Counter(i for d in draws["mixed"] for i in d if i != 0)
-    assert set(others) == {1, 2, 3, 4, 5} and max(others.values()) < 1.25 * min(others.values())
-
-
-def test_mixed_rewards_takes_the_prompts_whose_rewards_differ_first_in_each_pass():
-    buf = make(online_prob=1.0, mixed_rewards=True, seed=0)
-    for pid in range(6):  # prompts 1 and 4 have a correct sample beside wrong ones; the rest are all wrong
-        buf.add(Group(pid, [pid], [s([i], reward=float(pid in (1, 4) and i == 0)) for i in range(4)]))
-    first = [d.prompt_id for d in buf.sample(2, k=2)]
-    assert sorted(first) == [1, 4]
-    rest = [d.prompt_id for d in buf.sample(4, k=2)]  # the pass goes on without replacement through the others
-    assert sorted(rest) == [0, 2, 3, 5]
-    assert all(x.reward == 0.0 for d in buf.sample(4, k=2) if d.prompt_id not in (1, 4) for x in d.samples)
-
-
-def test_mixed_rewards_leaves_offline_draws_and_equal_rewards_as_they_were():
-    group = Group(0, [1], [s([i], reward=1.0) for i in range(6)])
-    for online_prob in (0.0, 1.0):
-        a, b = make(online_prob=online_prob, seed=3), make(online_prob=online_prob, mixed_rewards=True, seed=3)
-        a.add(group), b.add(group)
-        assert [x.response for x in a.sample(3, k=4)[0].samples] == [x.response for x in b.sample(3, k=4)[0].samples]
-
-
 def test_mix_of_online_and_offline_follows_m():
     buf = make(online_prob=0.7, seed=1)
     for pid in range(20):

@@ -135,14 +135,6 @@ def test_tb_from_never_synced_pi_ref_reaches_the_kl_floor(tmp_path, seed):
     assert metrics[-1]["staleness/max"] >= 590
 
 
-def test_tb_with_mixed_reward_draws_reaches_the_kl_floor(tmp_path):
-    """buffer.mixed_rewards changes which samples an update draws, not TB's fixed point: the never-synced run above,
-    its draws restricted to groups whose rewards differ, ends under the same floor."""
-    summary, _ = run(tmp_path, "seed=0", "trainer.sync_every_steps=0", "trainer.steps=600", "eval.every_steps=300",
-                     "buffer.mixed_rewards=true")
-    assert summary["eval_end"]["kl_to_target"] < 0.03, summary["eval_end"]
-
-
 @pytest.fixture(scope="module")
 def foreign_policy(tmp_path_factory):
     """Another random init of the recipe's model (seed 1000), with the run's tokenizer: a fixed foreign behaviour."""

@@ -50,6 +50,7 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
         "buffer/groups": buffer.groups_added,
         "buffer/age_mean": buffer.age_mean(version),
         "buffer/online_fraction": float(np.mean([d.online for d in draws])),
+        "buffer/mixed_reward_fraction": float(np.mean([len({s.reward for s in d.samples}) > 1 for d in draws])),
         "staleness/mean": float(np.mean(staleness)),
         "staleness/max": float(np.max(staleness)),
         "staleness/token_mean": float(np.mean(token_ages)),  # per token: in-flight updates make it < mean

@@ -9,15 +9,13 @@ Per prompt slot, independently:
                                 K of its whole history with probabilities softmax(ι · reward), without
                                 replacement unless the history holds fewer than K items.
 
-Three additions, each off unless configured. A data slot (completions from elsewhere: tba.rollout.demonstrations):
+Two additions, each off unless configured. A data slot (completions from elsewhere: tba.rollout.demonstrations):
 with probability 2·data_share a slot holds K/2 of its prompt's data items and K/2 of its searcher samples, so that
 VarGrad's log Ẑ is estimated over both (a group of one demonstration alone would have δ ≡ 0). And an age cap
 (`buffer.max_sample_age`): a sample of a source that loads the trainer's weights is not drawn once it is more than
 that many versions old; a slot whose prompt has none young enough is drawn again elsewhere (`REPICKS` times at
 random, then among the prompts that hold a young sample), and with nothing young enough anywhere the draw raises
-`NothingYoungEnough` (the loop then waits for fresh samples). And mixed rewards (`buffer.mixed_rewards`): an
-online slot takes, while the pass holds one, a prompt whose fresh samples differ in reward, and K of them that do —
-the searchers' surplus (they often make more samples than the trainer draws) spent on groups that carry a signal.
+`NothingYoungEnough` (the loop then waits for fresh samples).
 
 Functions of the buffer's contents, the rule's settings and a seeded generator only: the buffer (tba.algorithm.buffer)
 holds the contents and the generator, and calls `draw_slot` once per slot.
@@ -25,16 +23,11 @@ holds the contents and the generator, and calls `draw_slot` once per slot.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tba.algorithm.types import Draw, Sample
-
-MIXED_TRIES = 64
-"""buffer.mixed_rewards: redraws of a slot's K samples until two rewards differ (a draw of K out of n with one odd
-item misses it with probability 1 − K/n: 64 tries leave that at most 1e-30 for K = 4, n = 6)."""
 
 REPICKS = 8
 """With an age cap: a slot whose prompt holds nothing young enough is drawn again this many times at random
@@ -57,8 +50,6 @@ class Rule:
     aging: frozenset[str] | None = None
     """The sources whose samples age (they load the trainer's weights; None = every source): the cap's."""
     data_share: float = 0.0
-    mixed_rewards: bool = False
-    """Online slots prefer prompts whose fresh samples differ in reward, and draw K that do (`buffer.mixed_rewards`)."""
 
 
 @dataclass
@@ -69,16 +60,12 @@ class Pools:
     offline: set[int] = field(default_factory=set)
 
 
-def pick_prompt(rng: np.random.Generator, candidates: list[int], used: set[int],
-                prefer: Callable[[int], bool] | None = None) -> int:
-    """One of `candidates` not in `used` (all of them again once every one is), uniformly — among those `prefer`
-    accepts while the pass still holds one; it joins `used`."""
+def pick_prompt(rng: np.random.Generator, candidates: list[int], used: set[int]) -> int:
+    """One of `candidates` not in `used` (all of them again once every one is), uniformly; it joins `used`."""
     free = [p for p in candidates if p not in used]
     if not free:  # pool exhausted: refill with the prompts already used
         used.clear()
         free = candidates
-    if prefer is not None:
-        free = [p for p in free if prefer(p)] or free
     pid = free[rng.integers(len(free))]
     used.add(pid)
     return pid
@@ -88,26 +75,6 @@ def draw_items(rng: np.random.Generator, items: list[Sample], k: int, probs: np.
     """K of `items` with probabilities `probs` (None: uniform), without replacement unless there are fewer than K."""
     idx = rng.choice(len(items), size=k, replace=len(items) < k, p=probs)
     return [items[i] for i in idx]
-
-
-def mixed(items: list[Sample]) -> bool:
-    """Whether `items` hold at least two different rewards."""
-    return len({s.reward for s in items}) > 1
-
-
-def draw_mixed(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:
-    """K of `items` uniformly among the draws (as `draw_items`) that hold two different rewards, where `items` have
-    them. Why: VarGrad's log Ẑ is the group's mean residual, so a group whose rewards are all equal carries no
-    reward signal, only a pull of log π/π_ref towards its mean; π* stays the fixed point whatever groups are drawn
-    (every group's residuals vanish at π*). Rejection, so the draw is uniform over the mixed ones."""
-    drawn = draw_items(rng, items, k, None)
-    if k < 2 or not mixed(items):
-        return drawn
-    for _ in range(MIXED_TRIES):
-        if mixed(drawn):
-            break
-        drawn = draw_items(rng, items, k, None)
-    return drawn
 
 
 def priorities(items: list[Sample], inverse_temperature: float) -> np.ndarray | None:
@@ -125,11 +92,6 @@ def young(items: list[Sample], version: int | None, rule: Rule) -> list[Sample]:
     if cap is None or version is None:
         return items
     return [s for s in items if version - s.version <= cap or (rule.aging is not None and s.source not in rule.aging)]
-
-
-def online_items(h) -> list[Sample]:
-    """A prompt history's newest items, those of its latest refresh (at least one)."""
-    return h.items[len(h.items) - max(h.n_online, 1):]
 
 
 def draw_slot(rng: np.random.Generator, rule: Rule, histories: dict, window: list[int], data: dict[int, list],
@@ -155,10 +117,9 @@ def draw_slot(rng: np.random.Generator, rule: Rule, histories: dict, window: lis
     for attempt in range(REPICKS + 1):
         online = attempt < REPICKS and bool(window) and rng.random() < rule.online_prob
         if online:
-            prefer = (lambda p: mixed(online_items(histories[p]))) if rule.mixed_rewards else None
-            pid = pick_prompt(rng, window, pools.online, prefer)
+            pid = pick_prompt(rng, window, pools.online)
             h = histories[pid]
-            items = young_counted(online_items(h))
+            items = young_counted(h.items[len(h.items) - max(h.n_online, 1):])
         else:
             candidates = list(histories) if attempt < REPICKS else [
                 p for p, h in histories.items() if young(h.items, version, rule)]
@@ -169,8 +130,6 @@ def draw_slot(rng: np.random.Generator, rule: Rule, histories: dict, window: lis
             h = histories[pid]
             items = young_counted(h.items)
         if items:
-            if online and rule.mixed_rewards:
-                return Draw(pid, h.prompt_tokens, draw_mixed(rng, items, k), online), too_old
             probs = None if online else priorities(items, rule.inverse_temperature)
             return Draw(pid, h.prompt_tokens, draw_items(rng, items, k, probs), online), too_old
     raise NothingYoungEnough("unreachable: the last attempt draws among prompts with a young sample")

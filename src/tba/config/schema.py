@@ -151,11 +151,6 @@ class BufferConfig:
     """m: probability that a prompt slot is drawn from prompts refreshed since the last sync."""
     offline_inverse_temperature: float = 0.0
     """ι: offline draws use softmax(ι · reward) over a prompt's history (0 = uniform)."""
-    mixed_rewards: bool = False
-    """Online draws prefer prompts whose fresh samples differ in reward and take K samples that do (when the
-    prompt has them): a group whose rewards are all equal gives TB no reward signal. π* stays TB's fixed point
-    (tba.algorithm.sampling); worth it when the searchers make more samples than the trainer draws (replay
-    ratio < 1, search.generations_per_prompt > trainer.samples_per_prompt)."""
     dedup: bool = True
     """Exact-token dedup per prompt (newest copy wins)."""
     max_samples: int | None = setting(100000, positive_or_none)
