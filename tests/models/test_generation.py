@@ -241,8 +241,25 @@ def test_the_decode_loop_passes_the_cache_under_the_name_transformers_expects(ti
     assert "deprecated" not in capfd.readouterr().err
 
 
+@pytest.fixture(params=["one forward", "length buckets"])
+def buckets(request, monkeypatch):
+    """grouped_logprobs as it runs on these short responses (one forward), and split into length buckets as on
+    long-tailed ones (no cost per forward, so every distinct length its own bucket)."""
+    from tba.models import generation
+
+    if request.param == "length buckets":
+        real = generation.length_buckets
+
+        def split(lengths, overhead):
+            runs = real(lengths, 0)
+            assert len(runs) > 1
+            return runs
+        monkeypatch.setattr(generation, "length_buckets", split)
+    return request.param
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prompt_scoring_equals_the_full_forward(family_model, tiny_tokenizer, prompts, temperature):
+def test_shared_prompt_scoring_equals_the_full_forward(family_model, tiny_tokenizer, prompts, temperature, buckets):
     """π_ref scores S samples per prompt with the prompt run once (its cache repeated): the same log-probs as
     scoring prompt + response per sample, on every family; responses of different lengths, one of a single token."""
     from tba.models.generation import shared_prompt_logprobs
@@ -261,7 +278,7 @@ def test_shared_prompt_scoring_equals_the_full_forward(family_model, tiny_tokeni
     torch.testing.assert_close(shared * mask, full, atol=2e-5, rtol=0)
 
 
-def test_grouped_logprobs_give_the_full_forwards_gradients(family_model, tiny_tokenizer, prompts):
+def test_grouped_logprobs_give_the_full_forwards_gradients(family_model, tiny_tokenizer, prompts, buckets):
     """The trainer's shared-prompt forward (trainer.shared_prompts): a different number of responses per prompt,
     the same log-probs and the same gradient of every weight as the forward over prompt + response per sample."""
     from tba.models.generation import grouped_logprobs

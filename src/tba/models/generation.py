@@ -32,6 +32,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from tba.models.length_buckets import length_buckets
+
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 """The KV cache's name in a model's forward and output: transformers 5.2x renamed `past_key_values` to
 `cache` (the old name still works there, but prints a deprecation warning on every call); 5.17-5.19 know
@@ -354,17 +356,46 @@ def shared_prompt_logprobs(model, prompts: list[list[int]], responses: list[list
 
 def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]], counts: list[int],
                      temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs (logits ÷ T) of `counts[i]` responses to prompt i (prompt-major), each prompt run once:
-    its keys and values are computed for one row and indexed out to its responses, which then run over them.
-    Differentiable: the trainer takes its gradients through the shared prompt (trainer.shared_prompts).
+    """Per-token log-probs (logits ÷ T) of `counts[i]` responses to prompt i (prompt-major), each prompt run once
+    per length bucket: its keys and values are computed for one row and indexed out to its responses, which then
+    run over them. Differentiable: the trainer takes its gradients through the shared prompt
+    (trainer.shared_prompts).
 
     The numbers are those of `response_logprobs`' full forward up to float rounding, and so are the gradients
     (tests/models/test_generation.py): attention of a response row to the prompt is the same whether the prompt's
-    keys were computed in that row or copied into it. Returns (logp [N, R], mask [N, R]) as `response_logprobs`
-    does; padded positions hold 0.
+    keys were computed in that row or copied into it. Responses of very different lengths run in separate
+    forwards, each padded to its own longest (tba.models.length_buckets). Returns (logp [N, R], mask [N, R]) as
+    `response_logprobs` does; padded positions hold 0.
     """
     if sum(counts) != len(responses):
         raise ValueError(f"counts add up to {sum(counts)}, but there are {len(responses)} responses")
+    runs = length_buckets([len(x) for x in responses], overhead=sum(len(x) for x in prompts) + CALL_OVERHEAD)
+    if len(runs) < 2:
+        return _grouped_logprobs(model, prompts, responses, counts, temperature, pad_id)
+    owner = [i for i, c in enumerate(counts) for _ in range(c)]
+    r = max(len(x) for x in responses)
+    rows, logps, masks = [], [], []
+    for run in runs:
+        run = sorted(run, key=lambda j: (owner[j], j))  # prompt-major, as _grouped_logprobs takes them
+        mine = sorted({owner[j] for j in run})
+        logp, mask = _grouped_logprobs(model, [prompts[i] for i in mine], [responses[j] for j in run],
+                                       [sum(owner[j] == i for j in run) for i in mine], temperature, pad_id)
+        rows += run
+        logps.append(F.pad(logp, (0, r - logp.shape[1])))
+        masks.append(F.pad(mask, (0, r - mask.shape[1])))
+    back = torch.empty(len(rows), dtype=torch.long)
+    back[torch.tensor(rows)] = torch.arange(len(rows))
+    back = back.to(logps[0].device)
+    return torch.cat(logps).index_select(0, back), torch.cat(masks).index_select(0, back)
+
+
+CALL_OVERHEAD = 16
+"""length_buckets: the fixed cost of one more forward, in padded positions, beside its prompts' tokens."""
+
+
+def _grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]], counts: list[int],
+                      temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """grouped_logprobs in one forward over the prompts and one over all the responses, padded to the longest."""
     if max((len(x) for x in responses), default=0) == 0:
         empty = torch.zeros(len(responses), 0, device=model.device)
         return empty, empty
