@@ -3,8 +3,9 @@ the trainer publishes to its searchers.
 
 Users pass a hub name or a local `save_pretrained` directory, exactly what they would give transformers; other
 kinds of source (a `.gguf` file, a file inside an installed package) are turned into one by tba.models.sources.
-The offline built-in model is tba.models.builtin; decoding and per-token log-probs are tba.models.generation,
-continuous batching tba.models.continuous.
+The offline built-in model is tba.models.builtin; decoding and per-token log-probs are tba.models.generation
+(responses of very different lengths split into forwards by tba.models.length_buckets), continuous batching
+tba.models.continuous.
 """
 
 from __future__ import annotations
