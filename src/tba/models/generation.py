@@ -343,7 +343,7 @@ def response_logprobs(
 
 @torch.no_grad()
 def shared_prompt_logprobs(model, prompts: list[list[int]], responses: list[list[int]], num_samples: int,
-                           temperature: float, pad_id: int) -> torch.Tensor:
+                           temperature: float, pad_id: int, buckets: bool = True) -> torch.Tensor:
     """`response_logprobs` of `num_samples` responses per prompt (prompt-major), each prompt run once
     (`grouped_logprobs`, without gradients).
 
@@ -351,11 +351,11 @@ def shared_prompt_logprobs(model, prompts: list[list[int]], responses: list[list
     scoring prompt + response per sample spent most of the forward on S copies of the same prompt. Returns logp
     [N, R] (N = len(responses)), 0 at padded positions.
     """
-    return grouped_logprobs(model, prompts, responses, [num_samples] * len(prompts), temperature, pad_id)[0]
+    return grouped_logprobs(model, prompts, responses, [num_samples] * len(prompts), temperature, pad_id, buckets)[0]
 
 
 def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]], counts: list[int],
-                     temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     temperature: float, pad_id: int, buckets: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs (logits ÷ T) of `counts[i]` responses to prompt i (prompt-major), each prompt run once
     per length bucket: its keys and values are computed for one row and indexed out to its responses, which then
     run over them. Differentiable: the trainer takes its gradients through the shared prompt
@@ -364,13 +364,14 @@ def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]]
     The numbers are those of `response_logprobs`' full forward up to float rounding, and so are the gradients
     (tests/models/test_generation.py): attention of a response row to the prompt is the same whether the prompt's
     keys were computed in that row or copied into it. Responses of very different lengths run in separate
-    forwards, each padded to its own longest (tba.models.length_buckets). Returns (logp [N, R], mask [N, R]) as
-    `response_logprobs` does; padded positions hold 0.
+    forwards, each padded to its own longest (tba.models.length_buckets; buckets=False: one forward, as
+    bench.perf.scoring compares). Returns (logp [N, R], mask [N, R]) as `response_logprobs` does; padded positions
+    hold 0.
     """
     if sum(counts) != len(responses):
         raise ValueError(f"counts add up to {sum(counts)}, but there are {len(responses)} responses")
     runs = length_buckets([len(x) for x in responses], overhead=sum(len(x) for x in prompts) + CALL_OVERHEAD)
-    if len(runs) < 2:
+    if len(runs) < 2 or not buckets:
         return _grouped_logprobs(model, prompts, responses, counts, temperature, pad_id)
     owner = [i for i, c in enumerate(counts) for _ in range(c)]
     r = max(len(x) for x in responses)
