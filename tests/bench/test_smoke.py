@@ -48,6 +48,7 @@ SCRIPTS = [
     pytest.param("bench.perf.vs_trl", f"--seeds 0 --startup {STD}", "result.md", marks=slow),
     pytest.param("bench.perf.startup", STD, "result.md", marks=slow),
     pytest.param("bench.perf.quantized_sampler", "--repeats 1 --results {tmp}/result.md", "result.md"),
+    pytest.param("bench.perf.scoring", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.update_cost", "--repeats 1 --results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.plan_memory", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sharded", "--results {tmp}/result.md", "result.md"),
