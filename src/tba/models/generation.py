@@ -21,6 +21,7 @@ do (bench/perf/sampler.py measures both; docs/results.md, "Sampler backends"):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from dataclasses import dataclass
 
@@ -370,17 +371,17 @@ def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]]
     """
     if sum(counts) != len(responses):
         raise ValueError(f"counts add up to {sum(counts)}, but there are {len(responses)} responses")
-    runs = length_buckets([len(x) for x in responses], overhead=sum(len(x) for x in prompts) + CALL_OVERHEAD)
-    if len(runs) < 2 or not buckets:
+    runs = length_buckets([len(x) for x in responses], sum(len(x) for x in prompts) + CALL_OVERHEAD) if buckets else []
+    if len(runs) < 2:
         return _grouped_logprobs(model, prompts, responses, counts, temperature, pad_id)
     owner = [i for i, c in enumerate(counts) for _ in range(c)]
     r = max(len(x) for x in responses)
     rows, logps, masks = [], [], []
     for run in runs:
         run = sorted(run, key=lambda j: (owner[j], j))  # prompt-major, as _grouped_logprobs takes them
-        mine = sorted({owner[j] for j in run})
+        mine = collections.Counter(owner[j] for j in run)  # prompt → its responses in this run, prompt order
         logp, mask = _grouped_logprobs(model, [prompts[i] for i in mine], [responses[j] for j in run],
-                                       [sum(owner[j] == i for j in run) for i in mine], temperature, pad_id)
+                                       list(mine.values()), temperature, pad_id)
         rows += run
         logps.append(F.pad(logp, (0, r - logp.shape[1])))
         masks.append(F.pad(mask, (0, r - mask.shape[1])))
