@@ -79,6 +79,28 @@ def test_two_ranks_update_as_one_process(source, tiny_tokenizer, objective):
         sharded.close()
 
 
+def test_two_ranks_with_different_response_lengths_run_the_same_forwards(source, tiny_tokenizer):
+    """Rank 0's groups are long-tailed (length buckets would split them into two forwards), rank 1's are not: every
+    rank must still run the same forwards, since each forward of an FSDP2 model gathers the shards."""
+    cfg = _cfg(source)
+    single = Trainer(load_model(str(source)), **trainer_args(cfg, load_model(str(source)).eval(),
+                                                             tiny_tokenizer.pad_token_id))
+    sharded = build_trainer(cfg, load_model(str(source)), load_model(str(source)).eval(), tiny_tokenizer,
+                            str(source))
+    g = torch.Generator().manual_seed(1)
+    draws = []
+    for p, lengths in enumerate([(2, 40), (3, 36), (6, 6), (7, 7)]):  # ranks 0 and 1 get two groups each
+        samples = [Sample(torch.randint(3, len(tiny_tokenizer), (n,), generator=g).tolist(), [-1.0] * n,
+                          reward=float(j), version=0) for j, n in enumerate(lengths)]
+        draws.append(Draw(p, torch.randint(3, len(tiny_tokenizer), (5,), generator=g).tolist(), samples, online=True))
+    try:
+        a, b = single.step(copy.deepcopy(draws)), sharded.step(copy.deepcopy(draws))
+        assert b["trainer/loss"] == pytest.approx(a["trainer/loss"], rel=1e-5)
+        assert b["trainer/grad_norm"] == pytest.approx(a["trainer/grad_norm"], rel=1e-5)
+    finally:
+        sharded.close()
+
+
 def test_two_ranks_train_lora_adapters_as_one_process(source, tiny_tokenizer):
     cfg = _cfg(source, "model.lora.enabled=true", "model.lora.r=4")
     from tba.models import apply_lora

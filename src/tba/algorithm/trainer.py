@@ -159,8 +159,11 @@ class Trainer:
         responses = [s.response for d in micro for s in d.samples]
         with precision.autocast(self.model.device, self.autocast):  # backward runs outside, as torch advises
             if self.cfg.shared_prompts and not self.cfg.fsdp.activation_checkpointing:
+                # length buckets choose how many forwards from this rank's lengths; a sharded trainer's ranks
+                # must all run the same forwards (each gathers the shards), so they run one
                 logp_tok, mask = grouped_logprobs(self.model, [d.prompt_tokens for d in micro], responses,
-                                                  [len(d.samples) for d in micro], self.temperature, self.pad_id)
+                                                  [len(d.samples) for d in micro], self.temperature, self.pad_id,
+                                                  buckets=not self.sharded)
             else:
                 logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
             ref_tok = (self.reference.logprobs(prompts, responses, self.temperature, self.pad_id)
