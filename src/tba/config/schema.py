@@ -257,7 +257,8 @@ class TrainerConfig:
     """Run each prompt group's prompt once in the forward and backward, its keys and values shared by the group's
     samples (tba.models.generation.grouped_logprobs): the same log-probs and gradients up to float rounding, less
     work the longer the prompts (chat templates). False = prompt + response per sample. Not used under
-    trainer.fsdp.activation_checkpointing (a recomputed layer would append to the shared cache again)."""
+    trainer.fsdp.activation_checkpointing (a recomputed layer would append to the shared cache again). One forward
+    per micro-batch, without length buckets, on a sharded trainer (its ranks must all run the same forwards)."""
     sync_every_steps: int = setting(1, sync_period)
     """k: the trainer publishes its weights (with a version) to the searchers every k steps. 0 = never: the
     searchers sample from the starting policy (π_ref, unless model.reference says otherwise) for the whole run,
