@@ -29,7 +29,10 @@ no authentication: keep them on a private network.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import socket
 import time
 
@@ -60,6 +63,49 @@ def connect(cfg) -> bool:
         return False
     ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
     return True
+
+
+def kill(actors: list, timeout_s: float = 10.0) -> None:
+    """End `actors`, and wait (up to `timeout_s`, then SIGKILL) until the processes of those on this node have
+    exited. Why wait: `ray.kill` marks an actor dead at once, but its process exits a little later, and a
+    `ray.shutdown()` straight after can leave it running after the run has returned (an orphan)."""
+    pids = _local_pids(actors)
+    for actor in actors:
+        ray.kill(actor)
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        logger.warning(f"Ray actor process {pid} still running {timeout_s:g} s after ray.kill: SIGKILL")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _local_pids(actors: list) -> list[int]:
+    """The process ids of `actors` that run on this node, from Ray's actor table (Ray has no public call for it
+    without its dashboard; on another Ray version that lacks it: none, and `kill` does not wait)."""
+    try:
+        here = ray.get_runtime_context().get_node_id()
+        table = [ray._private.state.actors(actor_id=a._actor_id.hex()) for a in actors]
+        return [int(t["Pid"]) for t in table if t.get("Pid") and t["Address"]["NodeID"] == here]
+    except Exception as e:  # noqa: BLE001 — a private API: its absence must not break a run's end
+        logger.debug(f"actor process ids unavailable ({type(e).__name__}: {e}); not waiting for them to exit")
+        return []
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie, exited and not yet reaped, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:  # no /proc (not Linux): ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 class _SearcherActor:
@@ -267,8 +313,7 @@ class RayRuntime(WorkerRuntime):
 
     def stop(self) -> None:
         if ray is not None and ray.is_initialized():
-            for a in self.actors:
-                ray.kill(a)
+            kill(self.actors)
             self.actors, self._in_flight = [], {}
             if self._started_ray:
                 ray.shutdown()

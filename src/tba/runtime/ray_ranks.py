@@ -25,7 +25,7 @@ from tba.runtime.ranks import (
     make_trainer,
     stopped,
 )
-from tba.runtime.ray import connect, ray
+from tba.runtime.ray import connect, kill, ray
 
 
 class _RankActor:
@@ -89,8 +89,7 @@ class RayRanks:
     def close(self) -> None:
         import torch.distributed as dist
 
-        for actor in self.actors:
-            ray.kill(actor)
+        kill(self.actors)
         if self.group is not None:
             ray.util.remove_placement_group(self.group)
         self.actors, self.group, self.pending = [], None, []
