@@ -1,0 +1,29 @@
+"""tba.runtime.ray's helpers against a private Ray on this machine."""
+
+import os
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def private_ray():
+    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_kill_returns_once_the_actors_processes_have_exited(private_ray):
+    from tba.runtime.ray import _running, kill
+
+    @ray.remote(num_cpus=0)
+    class Sleeper:
+        def pid(self) -> int:
+            return os.getpid()
+
+    actors = [Sleeper.remote() for _ in range(2)]
+    pids = ray.get([a.pid.remote() for a in actors], timeout=60)
+    assert all(_running(p) for p in pids)
+    kill(actors)
+    assert not any(_running(p) for p in pids)  # ray.kill alone returns while they still run
