@@ -15,7 +15,7 @@ def private_ray():
 
 
 def test_kill_returns_once_the_actors_processes_have_exited(private_ray):
-    from tba.runtime.ray import _running, kill
+    from tba.runtime.ray import _running, _started, kill
 
     @ray.remote(num_cpus=0)
     class Sleeper:
@@ -23,7 +23,7 @@ def test_kill_returns_once_the_actors_processes_have_exited(private_ray):
             return os.getpid()
 
     actors = [Sleeper.remote() for _ in range(2)]
-    pids = ray.get([a.pid.remote() for a in actors], timeout=60)
-    assert all(_running(p) for p in pids)
+    procs = [(p, _started(p)) for p in ray.get([a.pid.remote() for a in actors], timeout=60)]
+    assert all(_running(*p) for p in procs)
     kill(actors)
-    assert not any(_running(p) for p in pids)  # ray.kill alone returns while they still run
+    assert not any(_running(*p) for p in procs)  # ray.kill alone returns while they still run

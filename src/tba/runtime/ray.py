@@ -69,13 +69,13 @@ def kill(actors: list, timeout_s: float = 10.0) -> None:
     """End `actors`, and wait (up to `timeout_s`, then SIGKILL) until the processes of those on this node have
     exited. Why wait: `ray.kill` marks an actor dead at once, but its process exits a little later, and a
     `ray.shutdown()` straight after can leave it running after the run has returned (an orphan)."""
-    pids = _local_pids(actors)
+    procs = [(pid, _started(pid)) for pid in _local_pids(actors)]
     for actor in actors:
         ray.kill(actor)
     deadline = time.monotonic() + timeout_s
-    while (left := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+    while (left := [p for p in procs if _running(*p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in left:
+    for pid, _ in left:
         logger.warning(f"Ray actor process {pid} still running {timeout_s:g} s after ray.kill: SIGKILL")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -83,29 +83,38 @@ def kill(actors: list, timeout_s: float = 10.0) -> None:
 
 def _local_pids(actors: list) -> list[int]:
     """The process ids of `actors` that run on this node, from Ray's actor table (Ray has no public call for it
-    without its dashboard; on another Ray version that lacks it: none, and `kill` does not wait)."""
+    without its dashboard; on another Ray version that lacks it, or without /proc: none, and `kill` does not
+    wait)."""
     try:
         here = ray.get_runtime_context().get_node_id()
         table = [ray._private.state.actors(actor_id=a._actor_id.hex()) for a in actors]
-        return [int(t["Pid"]) for t in table if t.get("Pid") and t["Address"]["NodeID"] == here]
+        return [int(t["Pid"]) for t in table if t.get("Pid") and t["Address"]["NodeID"] == here
+                and _started(int(t["Pid"]))]
     except Exception as e:  # noqa: BLE001 — a private API: its absence must not break a run's end
         logger.debug(f"actor process ids unavailable ({type(e).__name__}: {e}); not waiting for them to exit")
         return []
 
 
-def _running(pid: int) -> bool:
-    """Whether process `pid` exists and has not exited (a zombie, exited and not yet reaped, has)."""
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: state, ppid, …, start time (field 22) at index 19; [] if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:  # no /proc (not Linux): ask the kernel whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks after boot): with the pid, which process it is (pids are reused)."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
+
+
+def _running(pid: int, started: str | None) -> bool:
+    """Whether the process `pid` that started at `started` is still running (a zombie, exited and not yet reaped,
+    is not)."""
+    fields = _stat(pid)
+    return len(fields) > 19 and fields[19] == started and fields[0] != "Z"
 
 
 class _SearcherActor:
