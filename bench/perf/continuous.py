@@ -19,7 +19,10 @@ sizes only, not the recipe's own batch).
 
 Also reported, from the decode loops' own counters (tba.models.generation.DecodeStats): the share of row
 computations that produced no token (a finished row still in the batch, padding, an empty slot) and the share
-of the batch's capacity — rows at the start (static) or slots (continuous) × steps — that produced none.
+of the batch's capacity — rows at the start (static) or slots (continuous) × steps — that produced none; and the
+rate of decoding alone (tokens sampled ÷ the sampler's seconds), whose ratio is what continuous batching changes
+before π_ref scoring and rewards, the same work for both batchings, dilute it (`--render FILE`: a results file's
+table rewritten from its raw rows, no run).
 Multi-turn recipes (an episodic task): useful tokens are the policy's (the environment's are masked out);
 static batching decodes each turn of a batch's episodes together and re-reads every context, continuous batching
 keeps each episode's KV cache across turns (tba.rollout.episode_stream). `--env-latency-s` makes every environment
@@ -139,10 +142,18 @@ def measure(cfg, task, tokenizer, policy, reference, batching: str, groups: int,
             "length_max": max(lengths)}
 
 
+def decode_rate(row: dict) -> float:
+    """Tokens sampled per second of decoding alone (the sampler's time: prefill and decode steps, without π_ref
+    scoring and rewards, which both batchings share and which cap the useful-tokens ratio)."""
+    return row["sampled_tokens"] / row["generate_s"]
+
+
 def table(rows: list[dict]) -> str:
     out = ["| recipe | batching | useful tokens/s (median) | ratio to static with as many rows (median of repeats) "
            "| worst repeat ratio | sampled tokens/s, ratio (median) | row computations without a token "
-           "| capacity without a token | response length median / p90 / max |", "|---|---|---|---|---|---|---|---|---|"]
+           "| capacity without a token | response length median / p90 / max "
+           "| decoding only: sampled tokens ÷ decoding s, ratio (median; worst) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         mine = [r for r in rows if r["recipe"] == recipe]
         static = {(r["repeat"], r["slots"]): r for r in mine if r["batching"] == "static"}
@@ -154,6 +165,7 @@ def table(rows: list[dict]) -> str:
             base = [static.get((r["repeat"], r["slots"])) or static[(r["repeat"], None)] for r in rs]
             ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, base, strict=True)]
             sampled = [r["sampled_tokens_per_s"] / b["sampled_tokens_per_s"] for r, b in zip(rs, base, strict=True)]
+            decoding = [decode_rate(r) / decode_rate(b) for r, b in zip(rs, base, strict=True)]
             out.append(f"| {recipe} | {name} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | "
                        f"{statistics.median(ratios):.2f}× | {min(ratios):.2f}× | "
                        f"{statistics.median(r['sampled_tokens_per_s'] for r in rs):.1f}, "
@@ -162,7 +174,9 @@ def table(rows: list[dict]) -> str:
                        f"{statistics.median(r['capacity_waste'] for r in rs):.0%} | "
                        f"{statistics.median(r['length_median'] for r in rs):g} / "
                        f"{statistics.median(r['length_p90'] for r in rs):g} / "
-                       f"{max(r['length_max'] for r in rs)} |")
+                       f"{max(r['length_max'] for r in rs)} | "
+                       f"{statistics.median(decode_rate(r) for r in rs):.1f}, {statistics.median(decoding):.2f}×; "
+                       f"{min(decoding):.2f}× |")
     return "\n".join(out)
 
 
@@ -183,7 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results", type=Path, default=RESULTS / "continuous" / "continuous.md")
     ap.add_argument("--smoke", action="store_true", help="seconds-long version for CI (numbers mean nothing)")
     ap.add_argument("overrides", nargs="*", help="config overrides applied to every recipe")
+    ap.add_argument("--render", type=Path, help="rewrite this results file's table from its raw rows (no run)")
     args = ap.parse_args(argv)
+    if args.render:
+        return render(args.render)
     torch.set_num_threads(args.threads)
     overrides = [*SMOLLM2_TURNS, *args.overrides] if args.episodes_smollm2 else list(args.overrides)
     runs = [(recipe, overrides, args.env_latency_s) for recipe in args.recipes]
@@ -216,6 +233,18 @@ def main(argv: list[str] | None = None) -> None:
     head = header(__spec__.name, f"one torch thread; {groups} groups delivered per measurement; {repeats} repeats, "
                   "static and continuous alternating", argv=argv)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+
+
+def render(path: Path) -> None:
+    """Rewrite `path`'s table from the raw rows it holds, keeping its header (what was run, where, when), and say so
+    in it: for a table that gained a column after its rows were measured."""
+    text = path.read_text()
+    head, rows = text[:text.index("\n| recipe |") + 1], json.loads(text[text.index("```json") + 7:text.rindex("```")])
+    note = f"- table re-rendered from the raw rows below by `python -m {__spec__.name} --render` (no rerun)\n"
+    head = head.rstrip("\n") + "\n" + ("" if note in head else note) + "\n"
+    md = table(rows)
+    print(md)
+    path.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 
 
 if __name__ == "__main__":
