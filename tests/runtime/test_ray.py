@@ -9,9 +9,12 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def private_ray():
-    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    started = not ray.is_initialized()  # another test of this process may have left one running
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield
-    ray.shutdown()
+    if started:
+        ray.shutdown()
 
 
 def test_kill_returns_once_the_actors_processes_have_exited(private_ray):
