@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import re
 import shlex
 import sys
+from pathlib import Path
 
 
 def today() -> str:
@@ -106,3 +108,11 @@ def header(module: str, *notes: str, title: str | None = None, argv: list[str] |
              f"- command: {code_span(command(module, argv))}",
              *(f"- {n}" for n in notes)]
     return "\n".join(lines) + "\n\n"
+
+
+def raw_rows(path: Path) -> list[dict]:
+    """The per-run rows a results file carries in its ```json block (what every table is computed from)."""
+    text = path.read_text()
+    if "```json\n" not in text:
+        raise SystemExit(f"{path}: no ```json block of raw rows (not a results file written by a bench script?)")
+    return json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from bench.lib.header import header
+from bench.lib.header import header, raw_rows
 from bench.lib.paths import RESULTS
 from tba.config import load_config
 from tba.models.generation import DecodeStats
@@ -227,23 +227,24 @@ def main(argv: list[str] | None = None) -> None:
                            **measure(*parts, batching, groups, seed=repeat, slots=slots)}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-    md = table(rows)
-    print(md)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    head = header(__spec__.name, f"one torch thread; {groups} groups delivered per measurement; {repeats} repeats, "
-                  "static and continuous alternating", argv=argv)
-    args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
+    write(args.results, header(__spec__.name, f"one torch thread; {groups} groups delivered per measurement; "
+                               f"{repeats} repeats, static and continuous alternating", argv=argv), rows)
 
 
 def render(path: Path) -> None:
     """Rewrite `path`'s table from the raw rows it holds, keeping its header (what was run, where, when), and say so
     in it: for a table that gained a column after its rows were measured."""
-    text = path.read_text()
-    head, rows = text[:text.index("\n| recipe |") + 1], json.loads(text[text.index("```json") + 7:text.rindex("```")])
+    text, rows = path.read_text(), raw_rows(path)
+    head = text[:text.index("\n| recipe |") + 1]
     note = f"- table re-rendered from the raw rows below by `python -m {__spec__.name} --render` (no rerun)\n"
-    head = head.rstrip("\n") + "\n" + ("" if note in head else note) + "\n"
+    write(path, head.rstrip("\n") + "\n" + ("" if note in head else note) + "\n", rows)
+
+
+def write(path: Path, head: str, rows: list[dict]) -> None:
+    """The results file: its header, the table of `rows` (printed too), and the rows themselves."""
     md = table(rows)
     print(md)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 
 

@@ -87,7 +87,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from bench.lib.header import header  # noqa: E402
+from bench.lib.header import header, raw_rows  # noqa: E402
 from bench.lib.paths import OUT, RESULTS  # noqa: E402
 from tba.config import load_config  # noqa: E402
 from tba.models import load_tokenizer, precision  # noqa: E402
@@ -349,14 +349,6 @@ def plot(rows: list[dict], path: Path, budget: float, target: float) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def raw_rows(path: Path) -> list[dict]:
-    """The per-run rows a results file carries in its ```json block (what every table is computed from)."""
-    text = path.read_text()
-    if "```json\n" not in text:
-        raise SystemExit(f"{path}: no ```json block of raw rows (not written by bench/perf/vs_trl.py?)")
-    return json.loads(text.split("```json\n", 1)[1].split("\n```", 1)[0])
 
 
 def merge(args, argv: list[str] | None = None) -> int:

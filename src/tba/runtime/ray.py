@@ -69,7 +69,7 @@ def kill(actors: list, timeout_s: float = 10.0) -> None:
     """End `actors`, and wait (up to `timeout_s`, then SIGKILL) until the processes of those on this node have
     exited. Why wait: `ray.kill` marks an actor dead at once, but its process exits a little later, and a
     `ray.shutdown()` straight after can leave it running after the run has returned (an orphan)."""
-    procs = [(pid, _started(pid)) for pid in _local_pids(actors)]
+    procs = _local_processes(actors)
     for actor in actors:
         ray.kill(actor)
     deadline = time.monotonic() + timeout_s
@@ -81,15 +81,15 @@ def kill(actors: list, timeout_s: float = 10.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _local_pids(actors: list) -> list[int]:
-    """The process ids of `actors` that run on this node, from Ray's actor table (Ray has no public call for it
-    without its dashboard; on another Ray version that lacks it, or without /proc: none, and `kill` does not
-    wait)."""
+def _local_processes(actors: list) -> list[tuple[int, str]]:
+    """(pid, start time) of each of `actors` that runs on this node, pids from Ray's actor table (Ray has no public
+    call for it without its dashboard; on another Ray version that lacks it, or without /proc: none, and `kill`
+    does not wait)."""
     try:
         here = ray.get_runtime_context().get_node_id()
         table = [ray._private.state.actors(actor_id=a._actor_id.hex()) for a in actors]
-        return [int(t["Pid"]) for t in table if t.get("Pid") and t["Address"]["NodeID"] == here
-                and _started(int(t["Pid"]))]
+        pids = [int(t["Pid"]) for t in table if t.get("Pid") and t["Address"]["NodeID"] == here]
+        return [(pid, started) for pid in pids if (started := _started(pid)) is not None]
     except Exception as e:  # noqa: BLE001 — a private API: its absence must not break a run's end
         logger.debug(f"actor process ids unavailable ({type(e).__name__}: {e}); not waiting for them to exit")
         return []
