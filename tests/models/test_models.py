@@ -1,5 +1,6 @@
 """Model/tokenizer loading: real transformers checkpoints, the built-in tokenizer, and offline errors."""
 
+import copy
 import importlib.util
 import time
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tba.models import ModelLoadError, load_model, load_tokenizer, save_checkpoint
+from tba.models import ModelLoadError, load_model, load_synced, load_tokenizer, save_checkpoint, synced_tensors
 
 
 def test_checkpoint_round_trips_through_plain_transformers(tmp_path, tiny_model, tiny_tokenizer):
@@ -24,6 +25,24 @@ def test_checkpoint_round_trips_through_plain_transformers(tmp_path, tiny_model,
     ids = torch.tensor([tiny_tokenizer(text)["input_ids"]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, tiny_model(ids).logits)
+
+
+def test_weights_loaded_inside_an_autocast_context_are_the_ones_used(tiny_model):
+    """A load inside an autocast context (an in-flight update under model.autocast) reaches the next forward: the
+    low-precision copies autocast had cached of the old weights are dropped."""
+    ids = torch.tensor([[1, 5, 7, 9]])
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in synced_tensors(tiny_model).items()}
+    fresh = copy.deepcopy(tiny_model)
+    load_synced(fresh, new)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = fresh(ids).logits
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        old = model(ids).logits
+        load_synced(model, new)
+        got = model(ids).logits
+    assert not torch.equal(old, want)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def test_tba_loaders_read_a_saved_checkpoint(tmp_path, tiny_model, tiny_tokenizer):

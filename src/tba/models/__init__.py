@@ -84,7 +84,13 @@ def synced_tensors(model) -> dict[str, torch.Tensor]:
 
 
 def load_synced(model, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy published `tensors` (see `synced_tensors`) into `model`, on whatever device it lives."""
+    """Copy published `tensors` (see `synced_tensors`) into `model`, on whatever device it lives.
+
+    Why the autocast cache is cleared: under torch.autocast a forward keeps the low-precision copy of each weight
+    (that requires grad) until the outermost autocast context exits, and an in-place load does not invalidate it —
+    a load inside one (search.weight_update=in_flight, a multi-turn episode's next turn, with model.autocast) would
+    otherwise leave the sampler generating with the old weights while its tokens are stamped with the new version.
+    """
     target = synced_tensors(model)
     if target.keys() != tensors.keys():
         missing, extra = sorted(target.keys() - tensors.keys()), sorted(tensors.keys() - target.keys())
@@ -92,6 +98,7 @@ def load_synced(model, tensors: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, tensor in tensors.items():
             target[name].copy_(tensor)
+    torch.clear_autocast_cache()
 
 
 def resolve_device(device: str) -> torch.device:
