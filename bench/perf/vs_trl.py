@@ -57,7 +57,7 @@ Known unfairness (not tuned away; report as measured):
   residual on summed log-probs); TRL = GRPO defaults, loss_type "dapo" (per-token normalisation, group-std
   advantages), beta = 0.0 (TRL's default: no KL, no reference model), PPO clip inactive (one update per
   generation). The same lr is therefore not the same step size (calibration.md §6: TRL collapsed at 3e-4).
-- TRL defaults we override to match tba: bf16 → model.autocast == bfloat16 (TRL's default bf16=True is
+- TRL defaults we override to match tba (bench/lib/trl_grpo.py): bf16 → model.autocast == bfloat16 (TRL's default bf16=True is
   accelerate's autocast, what tba's model.autocast=bfloat16 does; without it tba computes in float32, and so does
   TRL), gradient_checkpointing → False, max_grad_norm 1.0 → 0 (tba: no clipping). Evaluation runs under the
   same autocast for both.
@@ -80,19 +80,16 @@ import multiprocessing
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-
 from bench.lib.header import header, raw_rows  # noqa: E402
 from bench.lib.paths import OUT, RESULTS  # noqa: E402
+from bench.lib.trl_grpo import run_trl  # noqa: E402
 from tba.config import load_config  # noqa: E402
-from tba.models import load_tokenizer, precision  # noqa: E402
+from tba.models import load_tokenizer  # noqa: E402
 from tba.models.sources import resolve_source  # noqa: E402
-from tba.rollout.evaluate import greedy_accuracy  # noqa: E402
 from tba.run.build import build_task, warm_start  # noqa: E402
 from tba.run.train import train
 from tba.runtime import forkserver  # noqa: E402
@@ -144,97 +141,6 @@ def run_tba(cfg, args, seed: int) -> dict:
               f"{args.budget_s:.0f} s; raise --tba-steps for a full-budget comparison", flush=True)
     return {"evals": [tuple(e) for e in s["evals"]], "steps": s["trainer_steps"], "train_s": s["train_wall_clock_s"],
             "reward_end": s["train_reward_end"], "startup_s": s["startup_s"]}
-
-
-def run_trl(cfg, task, sft_dir: Path, args, seed: int) -> dict:
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    torch.set_num_threads(args.trl_threads)
-    t_launch = time.perf_counter()  # with --startup TRL's clock starts here: model load and trainer set-up on it
-    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
-    model = AutoModelForCausalLM.from_pretrained(sft_dir, dtype=torch.float32)
-    by_text = {p.text: p for p in task.train}
-
-    def task_reward(prompts, completions, **_):
-        return [task.reward(by_text[p], c) for p, c in zip(prompts, completions, strict=True)]
-
-    def evaluate(m) -> float:
-        was = m.training
-        m.eval()
-        with precision.autocast("cpu", cfg.model.autocast):  # as tba's evaluation of a run with model.autocast
-            acc = greedy_accuracy(m, tokenizer, task, task.test, cfg.eval.max_new_tokens, cfg.eval.batch_size)
-        m.train(was)
-        return acc
-
-    class BudgetEval(TrainerCallback):
-        """Evaluation every `eval_every` steps with the clock paused; stop before the budget is overrun."""
-
-        def __init__(self):
-            self.evals, self.eval_s, self.t0, self.last = [], 0.0, 0.0, 0.0
-
-        def clock(self) -> float:
-            return time.perf_counter() - self.t0 - self.eval_s
-
-        def record(self, step, model):
-            t, clock = time.perf_counter(), self.clock()
-            self.evals.append((step, evaluate(model), clock))
-            self.eval_s += time.perf_counter() - t
-            print(f"[trl seed {seed}] step {step}: test accuracy {self.evals[-1][1]:.3f} "
-                  f"({self.evals[-1][2]:.1f} s)", flush=True)
-
-        def on_train_begin(self, args_, state, control, model=None, **kw):
-            self.startup_s = time.perf_counter() - t_launch
-            self.t0 = t_launch if args.startup else time.perf_counter()
-            self.record(0, model)
-            self.last = self.clock()
-
-        def on_step_end(self, args_, state, control, model=None, **kw):
-            now = self.clock()
-            step_s, self.last = now - self.last, now
-            stop = now + step_s > args.budget_s
-            if stop or state.global_step % args.eval_every == 0:
-                self.record(state.global_step, model)
-                self.last = self.clock()
-            control.should_training_stop = control.should_training_stop or stop  # keep max_steps' stop
-
-    B, K = cfg.trainer.prompts_per_step, cfg.trainer.samples_per_prompt
-    schedule = trl_schedule(cfg.trainer) if args.same_updates else {"lr_scheduler_type": "constant",
-                                                                    "warmup_steps": 0}
-    gconf = GRPOConfig(
-        output_dir=str(args.out / f"trl-seed{seed}"), use_cpu=True, report_to="none", save_strategy="no",
-        seed=seed, per_device_train_batch_size=B * K, gradient_accumulation_steps=1, num_generations=K,
-        max_completion_length=cfg.search.max_new_tokens, temperature=cfg.search.temperature, top_k=0,
-        top_p=cfg.search.top_p, learning_rate=cfg.trainer.lr, **schedule,
-        weight_decay=0.0, max_grad_norm=0.0, beta=0.0, bf16=cfg.model.autocast == "bfloat16",
-        gradient_checkpointing=False,
-        logging_steps=1, max_steps=cfg.trainer.steps if args.same_updates else 10**6, disable_tqdm=True)
-    cb = BudgetEval()
-    trainer = GRPOTrainer(model=model, reward_funcs=task_reward, args=gconf, processing_class=tokenizer,
-                          train_dataset=Dataset.from_list([{"prompt": p.text} for p in task.train]), callbacks=[cb])
-    trainer.remove_callback(PrinterCallback)
-    p = task.train[0].text
-    ids_trl, ids_tba = trainer.processing_class(text=[p])["input_ids"][0], tokenizer(p)["input_ids"]
-    print(f"prompt {p!r}: TRL ids {ids_trl} | tba ids {ids_tba} | identical: {ids_trl == ids_tba}", flush=True)
-    assert ids_trl == ids_tba, "TRL and tba tokenize the prompt differently"
-    trainer.train()
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    tail = rewards[-max(1, len(rewards) // 10):]
-    return {"evals": cb.evals, "steps": trainer.state.global_step, "train_s": cb.clock(),
-            "reward_end": sum(tail) / len(tail) if tail else float("nan"), "startup_s": cb.startup_s}
-
-
-def trl_schedule(t) -> dict:
-    """tba's learning-rate schedule (tba.algorithm.trainer.lr_factor) in transformers' scheduler names: linear
-    warm-up, then constant, linear to 0, or stable and cosine decay to 0 (transformers' warmup_stable_decay)."""
-    if t.lr_schedule == "constant":
-        return {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": t.warmup_steps}
-    if t.lr_schedule == "linear":
-        return {"lr_scheduler_type": "linear", "warmup_steps": t.warmup_steps}
-    stable = t.stable_steps if t.stable_steps is not None else t.steps - t.warmup_steps - t.decay_steps
-    return {"lr_scheduler_type": "warmup_stable_decay", "warmup_steps": t.warmup_steps,
-            "lr_scheduler_kwargs": {"num_stable_steps": stable, "num_decay_steps": t.decay_steps}}
 
 
 def starting_point(cfg) -> tuple[Path, object]:

@@ -50,6 +50,7 @@ SCRIPTS = [
     pytest.param("bench.perf.quantized_sampler", "--repeats 1 --results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.scoring", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.update_cost", "--repeats 1 --results {tmp}/result.md", "result.md", marks=slow),
+    pytest.param("bench.perf.autocast_drift", "--results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.plan_memory", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sharded", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sampler", "--backends raw before hf --results {tmp}/result.md", "result.md", marks=slow),
