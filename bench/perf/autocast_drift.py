@@ -5,15 +5,16 @@
 
 Why: the trainer runs its forward and backward under autocast and the searchers score π_ref under it, so a run in
 bfloat16 differs from one in float32 in two ways at once — rounding in every update, and different samples (the
-sampling is rounded too, and from the first differing token on the two runs draw different data). A run shows
-only their sum, and on one seed that is indistinguishable from seed noise. This script takes the second away:
-one float32 searcher makes every batch once, from the start weights, and two trainers built from the same
-weights train on the same batches — one in float32 with π_ref scored in float32, one under autocast with π_ref
-scored under autocast (as in a run of each). After every update: cos(Δθ_autocast, Δθ_float32), the cosine of the
-two weight changes since the start, and their norm ratio. At the end both trained models and the start model are
-evaluated greedily on --eval-problems held-out problems, each in float32 and under autocast, so that how a model
-was trained and how it was evaluated are told apart. The data stay the start policy's throughout (off-policy for
-both alike): this measures the trainer's rounding, not a run.
+sampling is rounded too, and from the first differing token on the two runs draw different data). A run shows only
+their sum, and on one seed that is indistinguishable from seed noise. This script takes the second away: one float32
+searcher makes every batch once, from the start weights, and trainers built from the same weights train on the
+same batches — one in float32 with π_ref scored in float32, one under autocast with π_ref scored under autocast (as
+in a run of each), and a third like the second but with its output projection (the logits) in float32
+(float32_head), to see whether the logits' rounding is what matters. After every update:
+cos(Δθ_autocast, Δθ_float32), the cosine of the two weight changes since the start, and their norm ratio. At the end
+both trained models and the start model are evaluated greedily on --eval-problems held-out problems, each in float32
+and under autocast, so that how a model was trained and how it was evaluated are told apart. The data stay the start
+policy's throughout (off-policy for both alike): this measures the trainer's rounding, not a run.
 """
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 from tba.run.build import trainer_args
 
+HEAD = "float32 head"
+"""The third trainer: under autocast, with its output projection in float32 (float32_head)."""
+
+
+class _Float32Linear(torch.nn.Linear):
+    """A Linear that computes in float32 even under autocast (a class, not a patched method: deep copies keep it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
+def float32_head(model):
+    """`model` with its output projection (the logits) in float32 under autocast: a bfloat16 logit of size ~10–20
+    is rounded by 2⁻⁴–2⁻³, and TB sums the log-probs read off them over a response."""
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise TypeError(f"float32_head: the output projection is a {type(head).__name__}, not a torch.nn.Linear")
+    head.__class__ = _Float32Linear
+    return model
+
 
 def batches(m: dict, cfg, n: int) -> list[list]:
     """n batches of groups from one float32 searcher on the start weights (prompts_per_batch × S each)."""
@@ -49,14 +71,15 @@ def batches(m: dict, cfg, n: int) -> list[list]:
 
 
 @torch.no_grad()
-def draws(m: dict, cfg, groups: list, autocast: str | None) -> list[Draw]:
-    """The update's B × K draws, their π_ref log-probs re-scored in `autocast`'s precision (as its searcher would)."""
+def draws(m: dict, cfg, groups: list, autocast: str | None, reference) -> list[Draw]:
+    """The update's B × K draws, their π_ref log-probs re-scored by `reference` in `autocast`'s precision (as its
+    searcher would)."""
     t, pad = cfg.trainer, m["tokenizer"].pad_token_id
     out = []
     for g in groups[:t.prompts_per_step]:
         samples = [copy.copy(s) for s in g.samples[:t.samples_per_prompt]]
         with precision.autocast(m["model"].device, autocast):
-            ref = shared_prompt_logprobs(m["model"], [g.prompt_tokens], [s.response for s in samples], len(samples),
+            ref = shared_prompt_logprobs(reference, [g.prompt_tokens], [s.response for s in samples], len(samples),
                                          cfg.search.temperature, pad)
         for i, s in enumerate(samples):
             s.ref_logprobs = ref[i, :len(s.response)].tolist()
@@ -77,23 +100,28 @@ def bench(name: str, args, smoke_dir) -> dict:
     print(f"{args.updates} batches sampled in {time.perf_counter() - t0:.0f} s", flush=True)
     start = [p.detach().clone() for p in m["model"].parameters()]
     trainers = {}
-    for precision_ in (None, args.autocast):
+    for label, precision_ in ((None, None), (args.autocast, args.autocast), (HEAD, args.autocast)):
         c = copy.deepcopy(cfg)
         c.model.autocast = precision_
-        trainers[precision_] = Trainer(copy.deepcopy(m["model"]), **trainer_args(c, None, m["tokenizer"].pad_token_id))
+        model = copy.deepcopy(m["model"])
+        trainers[label] = Trainer(float32_head(model) if label == HEAD else model,
+                                  **trainer_args(c, None, m["tokenizer"].pad_token_id))
+    scoring = {None: (None, m["model"]), args.autocast: (args.autocast, m["model"]),
+               HEAD: (args.autocast, float32_head(copy.deepcopy(m["model"])))}  # as each run's searchers
     per_update = []
     for u, groups in enumerate(data, 1):
-        losses = {a: tr.step(draws(m, cfg, groups, a))["trainer/loss"] for a, tr in trainers.items()}
-        exact, mixed = (flat_change(trainers[a].model, start) for a in (None, args.autocast))
+        losses = {a: tr.step(draws(m, cfg, groups, *scoring[a]))["trainer/loss"] for a, tr in trainers.items()}
+        exact, mixed, head = (flat_change(trainers[a].model, start) for a in (None, args.autocast, HEAD))
         row = {"update": u, "cos": float(exact @ mixed / (exact.norm() * mixed.norm())),
                "norm_ratio": float(mixed.norm() / exact.norm()), "loss_float32": losses[None],
-               "loss_autocast": losses[args.autocast]}
+               "loss_autocast": losses[args.autocast], "cos_head": float(exact @ head / (exact.norm() * head.norm())),
+               "loss_head": losses[HEAD]}
         per_update.append(row)
         print(json.dumps(row), flush=True)
     problems = m["task"].test[:args.eval_problems]
     evals = {}
     for label, model in (("start", m["model"]), ("float32", trainers[None].model),
-                         (args.autocast, trainers[args.autocast].model)):
+                         (args.autocast, trainers[args.autocast].model), (HEAD, trainers[HEAD].model)):
         for evaluated in (None, args.autocast):
             with precision.autocast(model.device, evaluated):
                 acc = greedy_accuracy(model, m["tokenizer"], m["task"], problems, cfg.eval.max_new_tokens,
@@ -107,16 +135,20 @@ def bench(name: str, args, smoke_dir) -> dict:
 
 def table(r: dict) -> str:
     pick = sorted({1, 2, 5, 10, r["updates"]} & {x["update"] for x in r["per_update"]})
-    out = ["| update | cos(Δθ autocast, Δθ float32) | ‖Δθ autocast‖ ÷ ‖Δθ float32‖ |", "|---|---|---|"]
+    out = ["| update | cos(Δθ autocast, Δθ float32) | ‖Δθ autocast‖ ÷ ‖Δθ float32‖ | cos(Δθ autocast with a float32 "
+           "head, Δθ float32) | loss: float32 / autocast / float32 head |", "|---|---|---|---|---|"]
     for x in r["per_update"]:
         if x["update"] in pick:
-            out.append(f"| {x['update']} | {x['cos']:.4f} | {x['norm_ratio']:.3f} |")
+            out.append(f"| {x['update']} | {x['cos']:.4f} | {x['norm_ratio']:.3f} | {x['cos_head']:.4f} | "
+                       f"{x['loss_float32']:.4g} / {x['loss_autocast']:.4g} / {x['loss_head']:.4g} |")
     out += ["", f"Greedy held-out accuracy on {r['eval_problems']} problems (rows: how the model was trained; "
             "columns: the precision of the evaluation):", "",
             f"| trained | evaluated in float32 | evaluated under {r['autocast']} autocast |", "|---|---|---|"]
-    for label in ("start", "float32", r["autocast"]):
+    names = {"start": "start (untrained)", r["autocast"]: f"{r['autocast']} autocast",
+             HEAD: f"{r['autocast']} autocast, float32 head"}
+    for label in ("start", "float32", r["autocast"], HEAD):
         cells = [r["eval"][f"{label}, evaluated in {e}"] for e in ("float32", r["autocast"])]
-        out.append(f"| {'start (untrained)' if label == 'start' else label} | {cells[0]:.1%} | {cells[1]:.1%} |")
+        out.append(f"| {names.get(label, label)} | {cells[0]:.1%} | {cells[1]:.1%} |")
     return "\n".join(out)
 
 

@@ -57,10 +57,10 @@ Known unfairness (not tuned away; report as measured):
   residual on summed log-probs); TRL = GRPO defaults, loss_type "dapo" (per-token normalisation, group-std
   advantages), beta = 0.0 (TRL's default: no KL, no reference model), PPO clip inactive (one update per
   generation). The same lr is therefore not the same step size (calibration.md §6: TRL collapsed at 3e-4).
-- TRL defaults we override to match tba (bench/lib/trl_grpo.py): bf16 → model.autocast == bfloat16 (TRL's default bf16=True is
-  accelerate's autocast, what tba's model.autocast=bfloat16 does; without it tba computes in float32, and so does
-  TRL), gradient_checkpointing → False, max_grad_norm 1.0 → 0 (tba: no clipping). Evaluation runs under the
-  same autocast for both.
+- TRL defaults we override to match tba (bench/lib/trl_grpo.py): bf16 → model.autocast == bfloat16 (TRL's
+  default bf16=True is accelerate's autocast, what tba's model.autocast=bfloat16 does; without it tba computes in
+  float32, and so does TRL), gradient_checkpointing → False, max_grad_norm 1.0 → 0 (tba: no clipping).
+  Evaluation runs under the same autocast for both.
 - Threads: TRL is one process with torch threads = all cores (2, --trl-threads); tba is 1 searcher + 1 trainer
   process, one core each. Run on an IDLE machine: with another busy process on a 2-core box, 2 OpenMP threads
   oversubscribe and a TRL step measured 13-16 s instead of 0.5 s (1 thread), which would flatter tba hugely.

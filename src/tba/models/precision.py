@@ -9,9 +9,14 @@ and Adam's moments stay in model.dtype and only the matmuls run in the lower pre
 same thing through accelerate.
 
 Why one setting for every forward: TB compares log π_θ, computed by the trainer, with log π_ref, computed by the
-searchers, sample by sample; both in the same precision, the two agree exactly where θ = ref (at the start), so
-rounding does not show up as a spurious KL. The behaviour policy (the searchers' sampling) may differ from the
-trained one in any way — TB's target does not depend on it — so sampling under autocast is always sound.
+searchers, sample by sample; in different precisions the two would differ by the whole rounding of every token
+where θ = ref (at the start), a spurious KL. In the same precision they still differ a little, because the trainer
+and the searchers batch the same tokens differently and low-precision rounding depends on that — and TB sums the
+difference over a response: a group whose samples carry no reward signal then trains on rounding, at a step size
+Adam sets as for any other — the likely reason TB learned less per update under autocast
+(bench/results/update_cost/autocast_drift.md), and why it is off by default. The behaviour policy (the searchers'
+sampling) may differ from the trained one in any way — TB's target does not depend on it — so sampling under
+autocast is always sound.
 """
 
 from __future__ import annotations
