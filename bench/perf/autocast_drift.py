@@ -91,6 +91,10 @@ def flat_change(model, start: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([(p.detach() - s).flatten().double() for p, s in zip(model.parameters(), start, strict=True)])
 
 
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(a @ b / (a.norm() * b.norm()))
+
+
 def bench(name: str, args, smoke_dir) -> dict:
     m = load(name, smoke_dir)
     cfg = m["cfg"]
@@ -99,22 +103,22 @@ def bench(name: str, args, smoke_dir) -> dict:
     data = batches(m, cfg, args.updates)
     print(f"{args.updates} batches sampled in {time.perf_counter() - t0:.0f} s", flush=True)
     start = [p.detach().clone() for p in m["model"].parameters()]
-    trainers = {}
-    for label, precision_ in ((None, None), (args.autocast, args.autocast), (HEAD, args.autocast)):
+    trainers, scoring = {}, {}  # label → its trainer; → (precision, π_ref model) its searchers would score with
+    for label, precision_, head in ((None, None, False), (args.autocast, args.autocast, False),
+                                    (HEAD, args.autocast, True)):
         c = copy.deepcopy(cfg)
         c.model.autocast = precision_
-        model = copy.deepcopy(m["model"])
-        trainers[label] = Trainer(float32_head(model) if label == HEAD else model,
-                                  **trainer_args(c, None, m["tokenizer"].pad_token_id))
-    scoring = {None: (None, m["model"]), args.autocast: (args.autocast, m["model"]),
-               HEAD: (args.autocast, float32_head(copy.deepcopy(m["model"])))}  # as each run's searchers
+        model, reference = copy.deepcopy(m["model"]), m["model"]
+        if head:
+            model, reference = float32_head(model), float32_head(copy.deepcopy(reference))
+        trainers[label] = Trainer(model, **trainer_args(c, None, m["tokenizer"].pad_token_id))
+        scoring[label] = (precision_, reference)
     per_update = []
     for u, groups in enumerate(data, 1):
         losses = {a: tr.step(draws(m, cfg, groups, *scoring[a]))["trainer/loss"] for a, tr in trainers.items()}
         exact, mixed, head = (flat_change(trainers[a].model, start) for a in (None, args.autocast, HEAD))
-        row = {"update": u, "cos": float(exact @ mixed / (exact.norm() * mixed.norm())),
-               "norm_ratio": float(mixed.norm() / exact.norm()), "loss_float32": losses[None],
-               "loss_autocast": losses[args.autocast], "cos_head": float(exact @ head / (exact.norm() * head.norm())),
+        row = {"update": u, "cos": cosine(exact, mixed), "norm_ratio": float(mixed.norm() / exact.norm()),
+               "loss_float32": losses[None], "loss_autocast": losses[args.autocast], "cos_head": cosine(exact, head),
                "loss_head": losses[HEAD]}
         per_update.append(row)
         print(json.dumps(row), flush=True)
