@@ -93,6 +93,21 @@ def test_offline_uniform_without_replacement_and_reward_softmax():
     assert counts[0] == 50
 
 
+def test_online_spread_keeps_the_one_rewarded_sample_and_offline_draws_stay_uniform():
+    items = [s([i], reward=float(i == 0)) for i in range(6)]
+    spread = make(online_prob=1.0, online_draw="spread", seed=0)
+    spread.add(Group(0, [1], items))
+    assert all(0 in {x.response[0] for x in spread.sample(1, k=4)[0].samples} for _ in range(40))
+    uniform = make(online_prob=1.0, seed=0)
+    uniform.add(Group(0, [1], items))
+    missed = sum(0 not in {x.response[0] for x in uniform.sample(1, k=4)[0].samples} for _ in range(40))
+    assert missed > 0  # the paper's uniform K of 6 leaves it out a third of the time
+    offline = make(online_prob=0.0, online_draw="spread", seed=0)  # the offline rule is untouched
+    offline.add(Group(0, [1], items))
+    missed = sum(0 not in {x.response[0] for x in offline.sample(1, k=1)[0].samples} for _ in range(40))
+    assert missed > 20
+
+
 def test_mix_of_online_and_offline_follows_m():
     buf = make(online_prob=0.7, seed=1)
     for pid in range(20):

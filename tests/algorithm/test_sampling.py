@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tba.algorithm.sampling import Rule, pick_prompt, priorities, young
+from tba.algorithm.sampling import Rule, draw_spread, pick_prompt, priorities, young
 from tba.algorithm.types import Sample
 
 
@@ -31,3 +31,26 @@ def test_the_age_cap_spares_the_sources_that_do_not_age():
     assert young(items, 10, rule) == items[1:]  # the stale policy sample goes; the fixed teacher's stays
     assert young(items, 10, Rule(1.0, 0.0)) == items  # no cap
     assert young(items, None, rule) == items  # no version given: nothing to measure against
+
+
+def test_a_spread_draw_takes_one_of_each_reward_value_first():
+    rng = np.random.default_rng(0)
+    one_right = [sample(0.0) for _ in range(5)] + [sample(1.0)]
+    one_wrong = [sample(1.0) for _ in range(5)] + [sample(0.0)]
+    for _ in range(50):  # a uniform 4 of 6 would leave the odd one out a third of the time
+        assert sorted(x.reward for x in draw_spread(rng, one_right, 4)) == [0.0, 0.0, 0.0, 1.0]
+        assert sorted(x.reward for x in draw_spread(rng, one_wrong, 4)) == [0.0, 1.0, 1.0, 1.0]
+    drawn = draw_spread(rng, one_right, 4)
+    assert len({id(x) for x in drawn}) == 4  # without replacement
+    short = draw_spread(rng, one_right[4:], 4)  # fewer than K: each once, then with replacement
+    assert len(short) == 4 and {id(x) for x in short} == {id(x) for x in one_right[4:]}
+
+
+def test_a_spread_draw_of_distinct_rewards_is_uniform():
+    items = [sample(float(r)) for r in range(6)]
+    rng = np.random.default_rng(1)
+    counts = np.zeros(6)
+    for _ in range(3000):
+        for x in draw_spread(rng, items, 2):
+            counts[int(x.reward)] += 1
+    assert counts / counts.sum() == pytest.approx(np.full(6, 1 / 6), abs=0.02)

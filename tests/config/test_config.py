@@ -237,3 +237,11 @@ def test_every_unknown_key_of_an_entry_is_reported_at_once(tmp_path):
     assert "'search.groups[0].sink'" in message and "\n" not in message
     with pytest.raises(ConfigError, match=r"unknown config keys 'trainer.stepz' .*'trainer.lrr'"):
         load_config(None, ["trainer={stepz: 3, lrr: 0.1}"])
+
+
+def test_a_spread_online_draw_is_for_objectives_that_target_pi_star():
+    assert load_config(None, ["buffer.online_draw=spread"]).buffer.online_draw == "spread"
+    with pytest.raises(ConfigError, match="buffer.online_draw: spread picks samples by their reward"):
+        load_config(None, ["buffer.online_draw=spread", "objective=rloo"])
+    with pytest.raises(ConfigError, match="buffer.online_draw: must be one of uniform, spread"):
+        load_config(None, ["buffer.online_draw=best"])

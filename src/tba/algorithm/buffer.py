@@ -70,7 +70,8 @@ class ReplayBuffer:
         the age cap applies to; `data_sources`: the sources that are completions from elsewhere
         (tba.rollout.demonstrations), drawn at `data_share` of the samples."""
         self.cfg = cfg = cfg or BufferConfig()
-        self.rule = Rule(cfg.online_prob, cfg.offline_inverse_temperature, cfg.max_sample_age, aging, data_share)
+        self.rule = Rule(cfg.online_prob, cfg.offline_inverse_temperature, cfg.max_sample_age, aging, data_share,
+                         cfg.online_draw)
         self.data_sources = data_sources
         self.data: dict[int, list[StoredSample]] = {}  # prompt → its data items (demonstrations): never evicted
         self._data_tokens: dict[int, list[int]] = {}

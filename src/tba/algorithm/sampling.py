@@ -4,7 +4,8 @@ Per prompt slot, independently:
 
   with probability m (online):  a prompt refreshed since the last sync, uniformly without replacement
                                 (the pool refills when exhausted); K of its n_online newest items, without
-                                replacement if n_online ≥ K, else with replacement.
+                                replacement if n_online ≥ K, else with replacement (buffer.online_draw=spread:
+                                one item of each reward value first, `draw_spread`).
   otherwise (offline):          any seen prompt, uniformly without replacement (refill when exhausted);
                                 K of its whole history with probabilities softmax(ι · reward), without
                                 replacement unless the history holds fewer than K items.
@@ -50,6 +51,8 @@ class Rule:
     aging: frozenset[str] | None = None
     """The sources whose samples age (they load the trainer's weights; None = every source): the cap's."""
     data_share: float = 0.0
+    online_draw: str = "uniform"
+    """How an online slot takes its K items: uniform, or spread (`draw_spread`)."""
 
 
 @dataclass
@@ -75,6 +78,29 @@ def draw_items(rng: np.random.Generator, items: list[Sample], k: int, probs: np.
     """K of `items` with probabilities `probs` (None: uniform), without replacement unless there are fewer than K."""
     idx = rng.choice(len(items), size=k, replace=len(items) < k, p=probs)
     return [items[i] for i in idx]
+
+
+def draw_spread(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:
+    """K of `items` with one item of each reward value first (in random order), the rest uniformly without
+    replacement; every item once and the rest uniformly with replacement if there are fewer than K.
+
+    Why: a group whose K samples share one reward carries no reward contrast — VarGrad's log Ẑ absorbs the
+    common reward and the update learns only the spread of log π_θ/π_ref — and when the searcher generated
+    more per prompt than the trainer draws (search.generations_per_prompt > trainer.samples_per_prompt), a
+    uniform K can leave out the one right (or the one wrong) answer it found. TB's fixed point does not depend
+    on how its samples were chosen, as long as every one can be (each residual is zero at π*), so this changes
+    what an update learns from, not where training ends; for the ratio objectives it biases the gradient
+    (docs/algorithm.md). With all rewards distinct (a continuous score) it is the uniform draw."""
+    order = [items[i] for i in rng.permutation(len(items))]
+    if len(items) < k:
+        return order + draw_items(rng, items, k - len(items), None)
+    seen, first, rest = set(), [], []
+    for x in order:
+        (rest if x.reward in seen else first).append(x)
+        seen.add(x.reward)
+    if len(first) > k:  # more reward values than slots: a uniform K of them
+        return first[:k]
+    return first + rest[:k - len(first)]
 
 
 def priorities(items: list[Sample], inverse_temperature: float) -> np.ndarray | None:
@@ -130,6 +156,8 @@ def draw_slot(rng: np.random.Generator, rule: Rule, histories: dict, window: lis
             h = histories[pid]
             items = young_counted(h.items)
         if items:
+            if online and rule.online_draw == "spread":
+                return Draw(pid, h.prompt_tokens, draw_spread(rng, items, k), online), too_old
             probs = None if online else priorities(items, rule.inverse_temperature)
             return Draw(pid, h.prompt_tokens, draw_items(rng, items, k, probs), online), too_old
     raise NothingYoungEnough("unreachable: the last attempt draws among prompts with a young sample")

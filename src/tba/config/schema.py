@@ -151,6 +151,10 @@ class BufferConfig:
     """m: probability that a prompt slot is drawn from prompts refreshed since the last sync."""
     offline_inverse_temperature: float = 0.0
     """ι: offline draws use softmax(ι · reward) over a prompt's history (0 = uniform)."""
+    online_draw: str = setting("uniform", one_of(("uniform", "spread")))
+    """How an online slot takes K of its prompt's newest items: uniform (the paper) or spread (one item of each
+    reward value first, the rest uniformly: keeps the reward contrast a searcher found when it generates more
+    per prompt than the trainer draws; exact for TB only, docs/algorithm.md)."""
     dedup: bool = True
     """Exact-token dedup per prompt (newest copy wins)."""
     max_samples: int | None = setting(100000, positive_or_none)
@@ -418,6 +422,11 @@ class RunConfig:
         if self.data.source and OBJECTIVES[self.objective].reads_behaviour:
             raise ConfigError(f"data.source: objective {self.objective} weights samples by π_θ/μ, and completions from "
                               "elsewhere have no behaviour log-probs μ; use tb, rloo or online_dpo with data")
+        if self.buffer.online_draw == "spread" and not OBJECTIVES[self.objective].targets_pi_star:
+            pi_star = ", ".join(o.name for o in OBJECTIVES.values() if o.targets_pi_star)
+            raise ConfigError(f"buffer.online_draw: spread picks samples by their reward, which biases "
+                              f"{self.objective}'s gradient (it assumes the searchers' own draws); use uniform, or an "
+                              f"objective whose target does not depend on how samples are drawn ({pi_star})")
         groups = self.search.groups or []
         if self.data.source and self.data.name in {g.name for g in groups} | ({"policy"} if not groups else set()):
             raise ConfigError(f"data.name: {self.data.name!r} already names a searcher group")
