@@ -66,6 +66,14 @@ Known unfairness (not tuned away; report as measured):
   oversubscribe and a TRL step measured 13-16 s instead of 0.5 s (1 thread), which would flatter tba hugely.
 - Prompt draws: TRL walks a shuffled dataset; tba's searcher sweeps its shard and the buffer samples
   recent groups. TRL generates on-policy each step; tba trains on slightly stale samples (async).
+- Evaluation pauses TRL's clock and everything TRL does; tba's clock pauses but its searcher keeps generating
+  (one core, beside the trainer's evaluating one), so after an evaluation the buffer holds a pool of samples of
+  the current policy that cost no clock. The trainer draws B·K of them per update (the recipe's searcher already
+  makes ≈ 1.5× what the trainer draws), so what an evaluation gives tba is fresher samples for the next update or
+  two, not more updates.
+- Samples per prompt: TRL generates exactly K per prompt each step; tba's searcher generates
+  search.generations_per_prompt (smollm2_rg_cpu: 6) on its own core and the trainer draws K = 4 of them
+  (with buffer.online_draw=spread, one of each reward value first).
 Writes bench/results/vs_trl/vs_trl.md (date, machine, command, table, raw JSON) and, in the run directory
 (--out, not committed), a figure of accuracy vs wall-clock per system (median over seeds and each seed);
 --replot FILE.md redraws the figure only.
