@@ -82,7 +82,7 @@ def draw_items(rng: np.random.Generator, items: list[Sample], k: int, probs: np.
 
 def draw_spread(rng: np.random.Generator, items: list[Sample], k: int) -> list[Sample]:
     """K of `items` with one item of each reward value first (in random order), the rest uniformly without
-    replacement; every item once and the rest uniformly with replacement if there are fewer than K.
+    replacement; with fewer than K items, every item once and the rest drawn uniformly from them again.
 
     Why: a group whose K samples share one reward carries no reward contrast — VarGrad's log Ẑ absorbs the
     common reward and the update learns only the spread of log π_θ/π_ref — and when the searcher generated
@@ -98,9 +98,7 @@ def draw_spread(rng: np.random.Generator, items: list[Sample], k: int) -> list[S
     for x in order:
         (rest if x.reward in seen else first).append(x)
         seen.add(x.reward)
-    if len(first) > k:  # more reward values than slots: a uniform K of them
-        return first[:k]
-    return first + rest[:k - len(first)]
+    return (first + rest)[:k]  # more reward values than slots: a uniform K of them
 
 
 def priorities(items: list[Sample], inverse_temperature: float) -> np.ndarray | None:
