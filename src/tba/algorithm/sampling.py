@@ -98,7 +98,7 @@ def draw_spread(rng: np.random.Generator, items: list[Sample], k: int) -> list[S
     for x in order:
         (rest if x.reward in seen else first).append(x)
         seen.add(x.reward)
-    return (first + rest)[:k]  # more reward values than slots: a uniform K of them
+    return (first + rest)[:k]  # with more reward values than slots, a uniform K of the values
 
 
 def priorities(items: list[Sample], inverse_temperature: float) -> np.ndarray | None:
