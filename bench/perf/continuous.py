@@ -15,7 +15,8 @@ continuous alternate within a repeat so that a busy machine slows
 both alike. `--slots N` adds continuous batching with N rows in flight (default: the static batch's rows) and static
 batching with N rows (N / search.generations_per_prompt prompts a batch; skipped where that does not divide): each
 continuous row's ratio is to static batching with as many rows, measured in the same repeat (`--only-slots`: those
-sizes only, not the recipe's own batch).
+sizes only, not the recipe's own batch); the last column gives every row's ratio to the recipe's own static batch
+too (the comparison a user switching search.batching makes; it mixes the batch's size with how it is filled).
 
 Also reported, from the decode loops' own counters (tba.models.generation.DecodeStats): the share of row
 computations that produced no token (a finished row still in the batch, padding, an empty slot) and the share
@@ -152,8 +153,9 @@ def table(rows: list[dict]) -> str:
     out = ["| recipe | batching | useful tokens/s (median) | ratio to static with as many rows (median of repeats) "
            "| worst repeat ratio | sampled tokens/s, ratio (median) | row computations without a token "
            "| capacity without a token | response length median / p90 / max "
-           "| decoding only: sampled tokens ÷ decoding s, ratio (median; worst) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| decoding only: sampled tokens ÷ decoding s, ratio (median; worst) "
+           "| ratio to the recipe's own static batch (median; worst) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         mine = [r for r in rows if r["recipe"] == recipe]
         static = {(r["repeat"], r["slots"]): r for r in mine if r["batching"] == "static"}
@@ -166,6 +168,10 @@ def table(rows: list[dict]) -> str:
             ratios = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, base, strict=True)]
             sampled = [r["sampled_tokens_per_s"] / b["sampled_tokens_per_s"] for r, b in zip(rs, base, strict=True)]
             decoding = [decode_rate(r) / decode_rate(b) for r, b in zip(rs, base, strict=True)]
+            # and against the batch the recipe itself runs static (what a user switching batching compares with)
+            own = [r["tokens_per_s"] / static[(r["repeat"], None)]["tokens_per_s"] for r in rs
+                   if (r["repeat"], None) in static]
+            own_cell = f"{statistics.median(own):.2f}×; {min(own):.2f}×" if own else "—"
             out.append(f"| {recipe} | {name} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | "
                        f"{statistics.median(ratios):.2f}× | {min(ratios):.2f}× | "
                        f"{statistics.median(r['sampled_tokens_per_s'] for r in rs):.1f}, "
@@ -176,7 +182,7 @@ def table(rows: list[dict]) -> str:
                        f"{statistics.median(r['length_p90'] for r in rs):g} / "
                        f"{max(r['length_max'] for r in rs)} | "
                        f"{statistics.median(decode_rate(r) for r in rs):.1f}, {statistics.median(decoding):.2f}×; "
-                       f"{min(decoding):.2f}× |")
+                       f"{min(decoding):.2f}× | {own_cell} |")
     return "\n".join(out)
 
 
