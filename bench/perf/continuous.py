@@ -169,8 +169,7 @@ def table(rows: list[dict]) -> str:
             sampled = [r["sampled_tokens_per_s"] / b["sampled_tokens_per_s"] for r, b in zip(rs, base, strict=True)]
             decoding = [decode_rate(r) / decode_rate(b) for r, b in zip(rs, base, strict=True)]
             # and against the batch the recipe itself runs static (what a user switching batching compares with)
-            own = [r["tokens_per_s"] / static[(r["repeat"], None)]["tokens_per_s"] for r in rs
-                   if (r["repeat"], None) in static]
+            own = [r["tokens_per_s"] / b["tokens_per_s"] for r in rs if (b := static.get((r["repeat"], None)))]
             own_cell = f"{statistics.median(own):.2f}×; {min(own):.2f}×" if own else "—"
             out.append(f"| {recipe} | {name} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | "
                        f"{statistics.median(ratios):.2f}× | {min(ratios):.2f}× | "
