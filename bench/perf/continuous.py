@@ -68,7 +68,7 @@ def make(recipe: str, overrides: list[str]):
     task = build_task(cfg)
     tokenizer, policy, reference, _ = build_models(cfg, task)
     apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)
-    fit_prompts(task, tokenizer, prompt_limit(cfg.task.max_prompt_tokens, policy, cfg.search.max_new_tokens),
+    fit_prompts(task, tokenizer, prompt_limit(cfg.task.max_prompt_tokens, policy.config, cfg.search.max_new_tokens),
                 cfg.task.long_prompts)
     return cfg, task, tokenizer, policy.eval(), reference.eval()
 

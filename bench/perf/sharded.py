@@ -6,14 +6,15 @@ the searchers at several bucket sizes.
     python -m bench.perf.sharded --smoke          # a tiny model, one update (CI)
     python -m bench.perf.sharded --device cuda --variants plain fsdp1 --dtype bfloat16   # one GPU
 
-Each variant runs in a fresh process (`--child`): a Llama-shaped model of random weights is built and saved, the
-trainer is made exactly as `tba train` makes it (tba.run.build.build_trainer: the objective TB, AdamW, fp32 master
-weights unless --dtype), and it takes `--steps` updates on a fixed synthetic batch (B = 2 prompt groups × K = 2
-samples of --prompt + --response tokens); the first update is not timed (allocations, FSDP's lazy init). Memory:
-peak RSS (VmHWM) of every rank's process, and the same minus its RSS before the model was built (the trainer's own
-share: model, copies, gradients, Adam, activations) — on CPU everything of a process is in its RSS. On a GPU, also
-torch.cuda.max_memory_allocated of rank 0. Rank 0 of a sharded trainer also holds the policy whole (the copy that
-evaluation, checkpoints and the searchers' first weights read): that is in its column.
+Each variant runs in a fresh process (`--child`): a Llama-shaped model of random weights is built and saved with a
+small tokenizer, the trainer is made exactly as `tba train` makes it (the one process: tba.run.build.build_trainer,
+with the π_ref a one-process run keeps; sharded: tba.run.sharded.build_sharded, N ordinary ranks driven by this
+process as their controller), and it takes `--steps` updates on a fixed synthetic batch (B = 2 prompt groups ×
+K = 2 samples of --prompt + --response tokens; the first update is not timed: allocations, FSDP's lazy init), then
+one publication, one checkpoint and one evaluation (greedy, a few arithmetic prompts) — everything a run does, so
+the transient copies of each are in the peaks. Memory: each trainer process's peak RSS (VmHWM; for a sharded trainer
+each rank's) less its RSS before the model was built — on a CPU everything a process holds is in its RSS; the
+controller's own peak beside; on a GPU, torch.cuda.max_memory_allocated per rank.
 
 Two ranks on this machine's 2 cores share the cores one process had: the step time says what sharding costs in
 communication here, not what a second device would buy.
@@ -38,50 +39,63 @@ from bench.lib.paths import RESULTS
 VARIANTS = ("plain", "fsdp1", "fsdp2")
 
 
-def _rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def _rss_gb(field: str = "VmRSS") -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
+            return int(line.split()[1]) / 2**20
     return float("nan")
 
 
 def child(args: argparse.Namespace) -> dict:
-    """One variant, in this process: build, train, measure; returns the row."""
+    """One variant, in this process: build, train, publish, checkpoint, evaluate, measure; returns the row."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from tba.algorithm.types import Draw, Sample
     from tba.config import load_config
-    from tba.run import build
-    from tba.runtime import ranks
+    from tba.models import load_model, load_tokenizer
+    from tba.models.builtin import train_tokenizer
+    from tba.rollout.evaluate import Evaluator, SpreadEvaluator
+    from tba.run import build, checkpoint
+    from tba.run.searchers import task_spec
+    from tba.run.sharded import RankBuild, build_sharded
+    from tba.tasks.prepare import build_task
 
     torch.set_num_threads(args.threads)
-    base = _rss_mb()
+    base = _rss_gb()
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
                          num_key_value_heads=args.kv_heads or max(1, args.heads // 4),
                          intermediate_size=args.intermediate or args.hidden * 11 // 4,
                          vocab_size=args.vocab, max_position_embeddings=1024, tie_word_embeddings=True)
-    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, args.dtype))
-    params = sum(p.numel() for p in model.parameters())
     source = Path(tempfile.mkdtemp(prefix="tba-sharded-"))
-    model.save_pretrained(source, safe_serialization=True)
     world = {"plain": 1, "fsdp1": 1, "fsdp2": 2}[args.child]
     cfg = load_config(None, [f"model.policy={source}", f"model.dtype={args.dtype}", f"model.device={args.device}",
-                             f"trainer.world_size={max(world, 1)}", "trainer.prompts_per_step=2",
+                             f"trainer.world_size={world}", "trainer.prompts_per_step=2",
                              "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=1", "trainer.lr=1e-5",
                              f"search.max_new_tokens={args.response}", f"threads={args.threads}",
-                             # the plan at the benchmark's prompt length, and no evaluation batch (none runs here)
-                             f"task.max_prompt_tokens={args.prompt}", "eval.batch_size=1", "eval.max_new_tokens=1"])
-    model = model.to(args.device)
-    reference = copy.deepcopy(model).eval().requires_grad_(False)  # π_ref, as every run keeps it (tba.run.build)
-    pad = type("Tok", (), {"pad_token_id": 0})()
-    if args.child == "fsdp1":  # FSDP2 on one rank: the sharded trainer's code path with nothing to shard across
-        parts = ranks.RankParts(build.RankBuild(cfg, str(source), 0), cfg.trainer.fsdp, args.dtype, args.threads)
-        trainer = ranks.start(parts, world=1, devices=[torch.device(args.device)], whole=model,
-                              trainer_args=build.trainer_args(cfg, None, 0))
+                             f"task.max_prompt_tokens={args.prompt}", "task.name=arith", "task.options.digits=2",
+                             "task.train_size=64", "task.test_size=8", "eval.batch_size=8", "eval.max_new_tokens=8",
+                             f"trainer.fsdp.publish_bucket_mb={args.buckets[-1]:g}"])
+    task = build_task(task_spec(cfg))
+    tokenizer = train_tokenizer(task.corpus(), 128)
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, args.dtype))
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(source, safe_serialization=True)
+    tokenizer.save_pretrained(source)
+    tokenizer = load_tokenizer(str(source))
+    ckpt = Path(tempfile.mkdtemp(prefix="tba-sharded-ckpt-"))
+    if args.child == "plain":
+        del model
+        model = load_model(str(source), args.dtype).to(args.device)
+        reference = copy.deepcopy(model).eval().requires_grad_(False)  # π_ref, as a one-process run keeps it
+        trainer = build.build_trainer(cfg, model, reference, tokenizer)
+        evaluator = Evaluator(model, tokenizer, task, cfg.eval)
     else:
-        trainer = build.build_trainer(cfg, model, reference, pad, str(source))
+        del model
+        rank_build = RankBuild(cfg, str(source), str(source), str(source), None, tokenizer.pad_token_id)
+        trainer = build_sharded(cfg, rank_build, threads=args.threads, publish_dtype=args.dtype, run_dir=ckpt)
+        evaluator = SpreadEvaluator(task, cfg.eval, trainer.evaluate, trainer.world)
     g = torch.Generator().manual_seed(0)
     draws = [Draw(p, torch.randint(3, args.vocab, (args.prompt,), generator=g).tolist(),
                   [Sample(torch.randint(3, args.vocab, (args.response,), generator=g).tolist(),
@@ -100,67 +114,82 @@ def child(args: argparse.Namespace) -> dict:
             spent = []
             for _ in range(3):
                 t = time.perf_counter()
-                trainer.sync_copy(force=True, bucket_mb=mb)
+                for bucket in trainer.group.stream("publish", [{"bucket_mb": mb}] * trainer.world, 600):
+                    del bucket
                 spent.append(time.perf_counter() - t)
             publish[f"{mb:g}"] = statistics.median(spent)
-    peaks = [(_rss_mb("self", "VmHWM"), base)]
-    if args.child == "fsdp2":
-        for p in trainer.ranks.procs:
-            peaks.append((_rss_mb(p.pid, "VmHWM"), base))  # rank 0 baseline: both processes import the same modules
-    gpu = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    trainer.weights()
+    t = time.perf_counter()
+    checkpoint.Checkpointer(ckpt, tokenizer, keep=1).save(args.steps, trainer=trainer, state={})
+    save_s = time.perf_counter() - t
+    t = time.perf_counter()
+    score = evaluator()["score"]
+    eval_s = time.perf_counter() - t
+    controller = (_rss_gb("VmHWM"), base)
+    if args.child == "plain":
+        ranks = [{"rss_peak_gb": controller[0], "rss_start_gb": base}]
+    else:
+        ranks = trainer.memory()
+    gpu = [r.get("gpu_peak_gb") for r in ranks] if args.device.startswith("cuda") else None
+    if args.child == "plain" and args.device.startswith("cuda"):
+        gpu = [torch.cuda.max_memory_allocated() / 2**30]
     peak = args.peak_tflops
     if peak is None and args.device.startswith("cuda") and any(n in torch.cuda.get_device_name() for n in
                                                                 ("H100", "H200")):
         peak = 989.0  # dense bf16 tensor-core peak of the H100/H200 SXM
-    tokens_s = 2 * 2 * (args.prompt + args.response) / statistics.median(times[1:] or times)
-    mfu = 6 * params * tokens_s / (peak * 1e12) if peak else None  # 6·N FLOPs per trained token (no attention term)
-    estimate = plan_estimate(cfg, world) if args.child != "fsdp1" else None
-    trainer.close()
     tokens = 2 * 2 * (args.prompt + args.response)
+    tokens_s = tokens / statistics.median(times[1:] or times)
+    mfu = 6 * params * tokens_s / (peak * 1e12) if peak else None  # 6·N FLOPs per trained token (no attention term)
+    estimate = plan_estimate(cfg, world)
+    trainer.close()
     return {"variant": args.child, "params_m": params / 1e6, "world_size": world, "steps_s": times,
-            "step_s": statistics.median(times[1:] or times), "tokens_per_s": tokens / statistics.median(
-                times[1:] or times), "peak_rss_gb": [p / 1024 for p, _ in peaks],
-            "own_gb": [(p - b) / 1024 for p, b in peaks], "gpu_peak_gb": gpu, "publish_s": publish,
+            "step_s": statistics.median(times[1:] or times), "tokens_per_s": tokens_s,
+            "peak_rss_gb": [r["rss_peak_gb"] for r in ranks],
+            "own_gb": [r["rss_peak_gb"] - r["rss_start_gb"] for r in ranks],
+            "controller_own_gb": None if args.child == "plain" else controller[0] - controller[1],
+            "gpu_peak_gb": gpu, "publish_s": publish, "checkpoint_s": save_s, "eval_s": eval_s, "eval_score": score,
             "plan_gb": estimate, "mfu": mfu}
 
 
 def plan_estimate(cfg, world: int) -> list[float]:
-    """`tba plan`'s estimate of each rank's memory in GB, less its per-process term (what the baseline measures):
-    the trainer (rank r) and, on rank 0 of a sharded trainer, the whole copy."""
+    """`tba plan`'s estimate of each trainer process's memory in GB, less its per-process term (what the baseline
+    measures)."""
     from tba.run.plan import make_plan
 
     plan = make_plan(cfg, capacity=lambda device: None)
-    names = ["trainer"] if world == 1 else [f"trainer rank {r}" for r in range(world)]
+    names = ["trainer"] if world == 1 and cfg.trainer.world_size == 1 else [f"trainer rank {r}" for r in range(world)]
     out = []
-    for r, name in enumerate(names):
-        occupants = [o for d in plan.devices for o in d.occupants
-                     if o.name == name or (r == 0 and o.name.startswith("rank 0's"))]
+    for name in names:
+        occupants = [o for d in plan.devices for o in d.occupants if o.name == name]
         out.append(sum(t.bytes for o in occupants for t in o.terms if not t.name.startswith("process")) / 2**30)
     return out
 
 
 def table(rows: list[dict], buckets: list[float]) -> str:
     out = ["| variant | ranks | params (M) | update (s), median | tokens/s | peak RSS per rank (GB) | "
-           "trainer's own per rank (GB) | `tba plan` per rank (GB) | plan / own | update (s), each |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "trainer's own per rank (GB) | `tba plan` per rank (GB) | plan / own | controller's own (GB) | "
+           "checkpoint (s) | evaluation (s) | update (s), each |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def each(xs, fmt=".2f"):
         return " / ".join(f"{x:{fmt}}" for x in xs) if xs else "—"
 
     for r in rows:
         ratio = [p / o for p, o in zip(r["plan_gb"], r["own_gb"], strict=True)] if r.get("plan_gb") else None
+        controller = "—" if r["controller_own_gb"] is None else f"{r['controller_own_gb']:.2f}"
         out.append(f"| {r['variant']} | {r['world_size']} | {r['params_m']:.1f} | {r['step_s']:.2f} | "
                    f"{r['tokens_per_s']:.0f} | {each(r['peak_rss_gb'])} | {each(r['own_gb'])} | "
-                   f"{each(r.get('plan_gb'))} | {each(ratio)} | {each(r['steps_s'])} |")
+                   f"{each(r.get('plan_gb'))} | {each(ratio)} | {controller} | {r['checkpoint_s']:.1f} | "
+                   f"{r['eval_s']:.1f} | {each(r['steps_s'])} |")
     if any(r["gpu_peak_gb"] is not None for r in rows):
-        out += ["", "| variant | rank 0 torch.cuda.max_memory_allocated (GB) | MFU (6·N·tokens/s ÷ peak) |",
+        out += ["", "| variant | torch.cuda.max_memory_allocated per rank (GB) | MFU (6·N·tokens/s ÷ peak) |",
                 "|---|---|---|"]
-        out += [f"| {r['variant']} | {r['gpu_peak_gb']:.2f} | "
+        out += [f"| {r['variant']} | {each(r['gpu_peak_gb'])} | "
                 f"{'—' if r.get('mfu') is None else format(r['mfu'], '.1%')} |" for r in rows]
     sharded = [r for r in rows if r["publish_s"]]
     if sharded:
-        out += ["", "Gathering the weights for the searchers (sync_copy: every unit unsharded, copied out by rank 0), "
-                    "median of 3, seconds:", "",
+        out += ["", "Gathering the weights for the searchers (every unit unsharded, each bucket streamed by rank 0 to "
+                    "the controller's host copy), median of 3, seconds:", "",
                 "| variant | " + " | ".join(f"bucket {b:g} MB" for b in buckets) + " |",
                 "|---|" + "---|" * len(buckets)]
         out += [f"| {r['variant']} | " + " | ".join(f"{r['publish_s'][f'{b:g}']:.3f}" for b in buckets) + " |"
@@ -220,9 +249,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{variant}: update {rows[-1]['step_s']:.2f} s, peak RSS {rows[-1]['peak_rss_gb']}", flush=True)
     text = header("bench.perf.sharded", "update: one TB update of B = 2 groups × K = 2 samples "
                   f"({args.prompt} + {args.response} tokens each), the first of --steps not counted in the median; "
-                  "peak RSS: each rank's VmHWM; trainer's own: that minus rank 0's RSS before the model was built "
-                  "(every rank imports the same modules); `tba plan`: its terms for the rank (rank 0: with the "
-                  "whole copy and π_ref) less its per-process term",
+                  "then a publication, a checkpoint and an evaluation; peak RSS: each trainer process's VmHWM "
+                  "(each rank's); trainer's own: that less the process's RSS before the model was built; "
+                  "controller's own: the run's process, likewise (sharded only: it holds the host copy); "
+                  "`tba plan`: its terms for the rank less its per-process term",
                   argv=argv) + table(rows, args.buckets)
     text += "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n"
     args.results.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from tba.config import load_config
 from tba.models import save_checkpoint
 from tba.run.searchers import build_runtime, searcher_specs
 from tba.runtime.searcher_spec import ModelSources
-from tba.runtime.worker import build_searcher
+from tba.runtime.worker import InlineParts, build_searcher
 
 OVERRIDES = ["task.options.digits=2", "task.train_size=200", "task.test_size=20", "search.prompts_per_batch=3",
              "search.generations_per_prompt=4", "search.max_new_tokens=6", "seed=7"]
@@ -39,8 +39,9 @@ def test_inline_and_process_searchers_walk_the_same_prompts(tmp_path, tiny_model
     cfg = load_config(None, [*OVERRIDES, "runtime=inline", "mode=sync", "search.threads=1"])
     sources = _sources(tmp_path, tiny_model, tiny_tokenizer)
     process = build_searcher(searcher_specs(cfg, sources, limit=200)[0])
-    inline = build_runtime(cfg, task=copy.deepcopy(process.task), tokenizer=tiny_tokenizer, policy=tiny_model,
-                           reference=copy.deepcopy(tiny_model), sources=sources, limit=200).searcher
+    parts = InlineParts(copy.deepcopy(process.task), tiny_tokenizer, tiny_model, copy.deepcopy(tiny_model))
+    inline = build_runtime(cfg, weights=dict(tiny_model.state_dict()), version=0, inline=parts, sources=sources,
+                           limit=200).searcher
     assert [p.id for p in inline.prompts] == [p.id for p in process.prompts]
     assert inline._order == process._order
 

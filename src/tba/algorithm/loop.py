@@ -75,9 +75,9 @@ class Evaluator(Protocol):
 class Checkpoints(Protocol):
     run_dir: object
 
-    def save(self, step: int, *, optimizer, state: dict, reference=None) -> object:
-        """Write checkpoint `step` atomically (policy, `optimizer`, `reference` if the objective keeps one, and
-        the loop's JSON `state`)."""
+    def save(self, step: int, *, trainer: Trainer, state: dict) -> object:
+        """Write checkpoint `step` atomically: what `trainer` holds (policy, optimizer, the objective's own π_ref)
+        and the loop's JSON `state`."""
 
     def buffer_marks(self) -> list[int]:
         """The buffer positions every kept checkpoint restores: what buffer compaction must keep."""
@@ -304,8 +304,7 @@ class Loop:
                                     rewards_dropped=t.dropped)
         self.buffer.snapshot()  # on disk before the checkpoint that names it
         trainer = self.trainer
-        own_reference = trainer.reference.model if trainer.reference is not None else None  # TBA′'s
-        self.checkpoints.save(self.state.step, optimizer=trainer.optimizer, reference=own_reference,
+        self.checkpoints.save(self.state.step, trainer=trainer,
                               state=CheckpointState(state, trainer.version, trainer.skipped_steps,
                                                     self.buffer.state_dict(), self.runtime.report().states).to_json())
         self.last_ckpt = self.state.step

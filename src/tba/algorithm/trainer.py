@@ -67,6 +67,21 @@ def lr_factor(step: int, cfg: TrainerConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(into_decay / cfg.decay_steps, 1.0)))
 
 
+def age_factor(draws: list[Draw], version: int, cfg: TrainerConfig, aging: frozenset[str] | None) -> float:
+    """min(1, a₀/a), a = the median age of the update's samples in policy versions (trainer.stale_lr_age).
+    The median, not the mean: the few slots drawn from the whole history (1 − m) are hundreds of versions
+    old in a long run and would otherwise set the step size of every update. Never-synced searchers
+    (sync_every_steps = 0) are exempt: their data do not depend on the trainer's updates, so there is no
+    delayed feedback loop to stabilise, only a fixed behaviour policy — and so are the samples of a fixed
+    searcher group and of `data` among the others (only the `aging` sources count; None: every source)."""
+    a0 = cfg.stale_lr_age
+    if a0 is None or cfg.sync_every_steps == 0:
+        return 1.0
+    ages = sorted(version - s.version for d in draws for s in d.samples if aging is None or s.source in aging)
+    median = ages[len(ages) // 2] if ages else 0
+    return min(1.0, a0 / median) if median > 0 else 1.0
+
+
 def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     out = torch.zeros(len(rows), width)  # [N, R]
     for i, r in enumerate(rows):
@@ -111,22 +126,11 @@ class Trainer:
         self.skipped_steps = 0
 
     sharded = False
-    """Whether the policy is split over several ranks (tba.runtime.ranks.ShardedTrainer)."""
+    """Whether the policy is split over several ranks (tba.ranks.rank.RankTrainer)."""
 
     def age_factor(self, draws: list[Draw]) -> float:
-        """min(1, a₀/a), a = the median age of the update's samples in policy versions (trainer.stale_lr_age).
-        The median, not the mean: the few slots drawn from the whole history (1 − m) are hundreds of versions
-        old in a long run and would otherwise set the step size of every update. Never-synced searchers
-        (sync_every_steps = 0) are exempt: their data do not depend on the trainer's updates, so there is no
-        delayed feedback loop to stabilise, only a fixed behaviour policy — and so are the samples of a fixed
-        searcher group and of `data` among the others (only the `aging` sources count)."""
-        a0 = self.cfg.stale_lr_age
-        if a0 is None or self.cfg.sync_every_steps == 0:
-            return 1.0
-        ages = sorted(self.version - s.version for d in draws for s in d.samples
-                      if self.aging is None or s.source in self.aging)
-        median = ages[len(ages) // 2] if ages else 0
-        return min(1.0, a0 / median) if median > 0 else 1.0
+        """trainer.stale_lr_age's factor for an update on `draws` (`age_factor`)."""
+        return age_factor(draws, self.version, self.cfg, self.aging)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """What searchers load — the state dict, or a LoRA policy's adapter weights — as the trainer's own
@@ -136,16 +140,21 @@ class Trainer:
 
     def step(self, draws: list[Draw]) -> dict[str, float]:
         """One update on B prompt groups. Returns metrics; a non-finite loss or gradient skips the update."""
+        return self.update(draws, samples=sum(len(d.samples) for d in draws), age=self.age_factor(draws))
+
+    def update(self, draws: list[Draw], *, samples: int, age: float) -> dict[str, float]:
+        """One update on `draws`, part of a batch of `samples` samples (all of it here; one rank's share of a sharded
+        trainer's, tba.ranks.rank) whose age factor is `age`."""
         t0 = time.perf_counter()
         step = self.version + 1
-        beta, lr = self.beta(step), self.cfg.lr * lr_factor(step, self.cfg) * self.age_factor(draws)
+        beta, lr = self.beta(step), self.cfg.lr * lr_factor(step, self.cfg) * age
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.model.eval()
-        tally = _Tally(samples=sum(len(d.samples) for d in draws))
-        mb, share = self.cfg.micro_batch_prompts, self.share(draws)
-        for start in range(0, len(share), mb):
-            self._accumulate(share[start:start + mb], beta, tally)
+        tally = _Tally(samples=samples)
+        mb = self.cfg.micro_batch_prompts
+        for start in range(0, len(draws), mb):
+            self._accumulate(draws[start:start + mb], beta, tally)
         tally = self.merged(tally)
         grad_norm, finite = self._apply_gradients(tally.loss)
         elapsed = time.perf_counter() - t0
@@ -192,11 +201,7 @@ class Trainer:
         tally.logp += logp.sum().item()
         tally.log_ratio += (logp.detach() - ref).sum().item()
 
-    # ---- what a trainer of several ranks (tba.runtime.ranks.ShardedTrainer) does otherwise ----------------------
-    def share(self, draws: list[Draw]) -> list[Draw]:
-        """The prompt groups this process trains on: all of them (a rank of a sharded trainer: its share)."""
-        return draws
-
+    # ---- what a rank of a sharded trainer (tba.ranks.rank.RankTrainer) does otherwise ---------------------------
     def merged(self, tally: _Tally) -> _Tally:
         """The update's sums over every process (here: this one's)."""
         return tally
@@ -208,12 +213,8 @@ class Trainer:
         """The policy's whole state dict."""
         return self.model.state_dict()
 
-    def sync_copy(self) -> None:
-        """Bring the whole policy that evaluation and checkpoints read up to date: here it is the trained model
-        itself; a sharded trainer gathers it from its ranks."""
-
     def close(self) -> None:
-        """Release what the trainer started (a sharded trainer: its other ranks)."""
+        """Release what the trainer started (a sharded trainer: its ranks)."""
 
     def grad_norm(self) -> float:
         """The L2 norm of the whole gradient."""

@@ -1,5 +1,5 @@
 """The sharded trainer's section of the config schema (`trainer.world_size`, `trainer.fsdp.*`): how the trainer's
-policy is split over N ranks with FSDP2 (tba.runtime.ranks) and how its weights are gathered for the searchers.
+policy is split over N ranks with FSDP2 (tba.ranks) and how its weights are gathered for the searchers.
 With trainer.world_size = 1 (the default) nothing here is used and the trainer is one process without
 torch.distributed.
 """
@@ -31,6 +31,9 @@ class FSDPConfig:
     publish_bucket_mb: float = setting(64.0, positive)
     """Weights travel to the searchers gathered this many MB at a time (whole FSDP units, a decoder layer each):
     a rank holds at most one bucket of unsharded weights beyond its shard while publishing."""
+    checkpoint_timeout_s: float = setting(1800.0, positive)
+    """Longest a checkpoint may take to save or load (model/ streamed by rank 0, every rank's optimizer shard through
+    DCP; its own process group, so a slow shared filesystem does not trip the training collectives' limit)."""
     collective_timeout_s: float = setting(300.0, positive)
     """Longest wait of any collective among the trainer's ranks (and of a rank for rank 0's next command between
     updates: that wait is the searchers' collect timeout plus this). Past it the run ends with an error naming the

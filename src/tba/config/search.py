@@ -139,6 +139,10 @@ class SearchConfig:
     """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
     item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
     Ray each actor sees the GPUs it declared (ray.searcher_gpus) and `cuda` means its own."""
+    dtype: str | None = setting(None, or_none(one_of(("float32", "bfloat16", "float16"))))
+    """The searchers' models (the sampler's and their π_ref) and the weights a sharded trainer publishes. None = the
+    trainer's compute dtype (trainer.fsdp.param_dtype when sharded, else model.dtype) for a searcher on a GPU,
+    model.dtype on a CPU: master weights stay in model.dtype whatever the searchers sample in."""
     threads: int | None = setting(None, positive_or_none)
     """torch threads per searcher. None = an equal share of the cores (inline: all cores)."""
     weight_transport: str = setting("auto", one_of(("auto", *TRANSPORTS)))
@@ -207,3 +211,10 @@ class RayConfig:
     """GPUs each searcher actor declares."""
     searcher_resources: dict | None = None
     """Custom resources each searcher actor requires, e.g. {searcher: 1} to pin them to tagged nodes."""
+    trainer_placement: str = setting("PACK", one_of(("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")))
+    """How the placement group of a sharded trainer's ranks (one bundle each, rank 0 included) spreads over nodes:
+    PACK (as few nodes as the ranks fit on: one node when it can), SPREAD, STRICT_PACK (one node or none), or
+    STRICT_SPREAD (one rank per node)."""
+    trainer_resources: dict | None = None
+    """Custom resources each trainer rank's bundle requires besides its CPUs and GPU, e.g. {trainer: 1} to place the
+    ranks on tagged nodes."""

@@ -125,5 +125,45 @@ def save_checkpoint(model, tokenizer, path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
+def save_buckets(path: Path, buckets, *, config, generation_config=None, peft=None) -> None:
+    """A `from_pretrained` directory written from `buckets` of named host tensors as they come (a sharded trainer's
+    master weights, gathered a bucket at a time: no process ever holds the whole model): one safetensors file per
+    bucket plus transformers' index, or one file when a single bucket holds everything. `peft`: a PEFT model whose
+    adapters the buckets hold — written as PEFT saves them (adapter_config.json, adapter_model.safetensors, adapter
+    names stripped), loadable with tba.models.load_model."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    if peft is not None:
+        from peft.utils import get_peft_model_state_dict
+
+        state = {k: v for bucket in buckets for k, v in bucket.items()}
+        save_file(get_peft_model_state_dict(peft, state_dict=state), str(path / "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        peft.peft_config["default"].save_pretrained(str(path))
+        return
+    config.save_pretrained(path)
+    if generation_config is not None:
+        generation_config.save_pretrained(path)
+    files, weight_map, total = [], {}, 0
+    for bucket in buckets:
+        if not bucket:
+            continue
+        name = f"part-{len(files):05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in bucket.items()}, str(path / name), metadata={"format": "pt"})
+        files.append(name)
+        for k, v in bucket.items():
+            weight_map[k] = name
+            total += v.numel() * v.element_size()
+    if len(files) == 1:
+        (path / files[0]).rename(path / "model.safetensors")
+        return
+    final = {f: f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i, f in enumerate(files)}
+    for old, new in final.items():
+        (path / old).rename(path / new)
+    index = {"metadata": {"total_size": total}, "weight_map": {k: final[f] for k, f in weight_map.items()}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
 def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -12,7 +12,8 @@ run's `Scoring` (the `enumerable` task: KL to the exact target π*).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -114,6 +115,126 @@ def evaluate(policy, tokenizer, task, prompts: list[Prompt], cfg, reference=None
     return metrics
 
 
+@dataclass
+class Share:
+    """One worker's part of an evaluation spread over several (a sharded trainer's ranks, each with the policy made
+    whole for the moment): completions of its `prompts`; the task's exact metrics where `exact` (one worker)."""
+
+    prompts: list[Prompt]
+    exact: bool = False
+
+
+@dataclass
+class ShareResult:
+    """What a worker sends back: plain lists and floats (they cross processes)."""
+
+    completions: Completions | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """A multi-turn task's whole evaluation (one worker runs every episode), or the exact metrics."""
+    reference: dict[str, float] | None = None
+    """reference_metrics of this share's completions (merged weighted by their tokens and completions)."""
+
+
+@dataclass
+class ShareEvaluation:
+    """A worker's side of a spread evaluation, made in the worker's process: the same functions a one-process
+    evaluation calls, on its share. `reference()` loads π_ref when the evaluation needs it (reference or exact
+    metrics); it is kept in host memory between evaluations and on the worker's device during one."""
+
+    tokenizer: object
+    task: object
+    cfg: EvalConfig
+    limits: Limits | None = None
+    scoring: Scoring | None = None
+    reference: Callable[[], torch.nn.Module] | None = None
+    _reference: torch.nn.Module | None = None
+
+    def __call__(self, policy, share: Share, device) -> ShareResult:
+        task, cfg = TaskAdapter.of(self.task), self.cfg
+        reference = None
+        exact = share.exact and self.scoring is not None and task.has("exact_metrics")
+        wants_reference = (cfg.reference_metrics and not task.episodic) or exact
+        if wants_reference and self.reference is not None:
+            if self._reference is None:
+                self._reference = self.reference().eval().requires_grad_(False)
+            reference = self._reference.to(device)
+        try:
+            out = ShareResult()
+            if task.episodic:
+                if share.prompts:
+                    out.metrics = episode_metrics(policy, self.tokenizer, task, share.prompts, cfg,
+                                                  self.limits or Limits())
+            elif share.prompts:
+                out.completions = complete(policy, self.tokenizer, share.prompts, max_new_tokens=cfg.max_new_tokens,
+                                           batch_size=cfg.batch_size, samples_per_prompt=cfg.samples_per_prompt,
+                                           temperature=cfg.temperature, top_p=cfg.top_p)
+                if cfg.reference_metrics and reference is not None:
+                    out.reference = reference_metrics(policy, reference, out.completions, self.tokenizer.pad_token_id)
+            if exact and reference is not None:
+                out.metrics.update(task.exact_metrics(policy, reference, self.tokenizer, self.scoring))
+            return out
+        finally:
+            if reference is not None:
+                self._reference = reference.to("cpu")
+
+
+def shares(prompts: list[Prompt], workers: int, episodic: bool) -> list[Share]:
+    """The test prompts split into `workers` contiguous shares (a multi-turn task's episodes all on the first: its
+    metrics read the episodes' environments, which stay in the worker that ran them); exact metrics on the first."""
+    if episodic:
+        return [Share(prompts if w == 0 else [], exact=w == 0) for w in range(workers)]
+    n = math.ceil(len(prompts) / workers)
+    return [Share(prompts[w * n:(w + 1) * n], exact=w == 0) for w in range(workers)]
+
+
+def merge(task, results: list[ShareResult]) -> dict[str, float]:
+    """The metrics of a spread evaluation, from its workers' results in share order: the task's own metrics over
+    every completion (the same `task_metrics` a one-process evaluation computes), reference metrics weighted as
+    they are defined (KL by response tokens, perplexity by completions)."""
+    parts = [r.completions for r in results if r.completions is not None]
+    metrics: dict[str, float] = {}
+    if parts:
+        c = Completions([], [], [], [], [])
+        for part in parts:
+            for name in ("prompts", "prompt_tokens", "responses", "texts", "finished"):
+                getattr(c, name).extend(getattr(part, name))
+        metrics = task_metrics(task, c)
+        refs = [(r.reference, r.completions) for r in results if r.reference is not None]
+        if refs:
+            tokens = [sum(len(x) for x in part.responses) for _, part in refs]
+            counts = [len(part.responses) for _, part in refs]
+            kl = sum(m["kl_ref"] * t for (m, _), t in zip(refs, tokens, strict=True))
+            perplexity = sum(m["perplexity_ref"] * n for (m, _), n in zip(refs, counts, strict=True))
+            metrics["kl_ref"], metrics["perplexity_ref"] = kl / max(sum(tokens), 1), perplexity / max(sum(counts), 1)
+    for r in results:
+        metrics.update(r.metrics)
+    return metrics or {"score": math.nan}
+
+
+class SpreadEvaluator:
+    """The run's evaluation over several workers (a sharded trainer's ranks): `run(shares)` carries each share out
+    on its worker and returns their results; the metrics are merged here, in the run's process."""
+
+    def __init__(self, task, cfg: EvalConfig, run: Callable[[list[Share]], list[ShareResult]], workers: int):
+        self.task, self.cfg, self.run, self.workers = task, cfg, run, workers
+
+    def __call__(self) -> dict[str, float]:
+        if not self.task.test:
+            return {"score": math.nan}
+        task = TaskAdapter.of(self.task)
+        return merge(task, self.run(shares(self.task.test, self.workers, task.episodic)))
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        return describe(metrics, self.cfg, len(self.task.test))
+
+
+def describe(metrics: dict[str, float], cfg: EvalConfig, problems: int) -> str:
+    """One log line: the greedy pass@1 when that is all there is, else every metric."""
+    if len(metrics) == 1 and cfg.samples_per_prompt == 0:
+        return f"score (greedy pass@1, {problems} problems) {metrics['score']:.3f}"
+    return "eval " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
 class Evaluator:
     """The held-out evaluation a run repeats: `policy` (the trainer's, updated in place) on the task's test
     prompts, with the run's `Scoring` for a task that measures π_θ exactly."""
@@ -128,10 +249,7 @@ class Evaluator:
                         scoring=self.scoring, limits=self.limits)
 
     def describe(self, metrics: dict[str, float]) -> str:
-        """One log line: the greedy pass@1 when that is all there is, else every metric."""
-        if len(metrics) == 1 and self.cfg.samples_per_prompt == 0:
-            return f"score (greedy pass@1, {len(self.task.test)} problems) {metrics['score']:.3f}"
-        return "eval " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        return describe(metrics, self.cfg, len(self.task.test))
 
 
 def task_metrics(task, c: Completions) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
     train.py       a run, fresh or resumed, to its summary (`tba train`); the SFT warm start alone (`tba sft`)
     build.py       every part a run trains with, from its config (the only reader of a whole RunConfig), the
-                   trainer too: one process or N FSDP2 ranks (tba.runtime.ranks)
+                   trainer too: one process or N FSDP2 ranks (tba.run.sharded, tba.ranks)
     searchers.py   the searchers' part of it: groups, placements, sampler and task specs, the runtime
     plan.py        the memory each device needs, from the config alone (`tba plan`, checked by `tba train`)
     checkpoint.py  atomic full checkpoints        rundir.py   the run directory's rules

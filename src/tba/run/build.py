@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import logging
 import sqlite3
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tba.algorithm.buffer import ReplayBuffer
 from tba.algorithm.loop import LoopSettings
@@ -31,7 +30,6 @@ from tba.algorithm.store import BufferStore, StoreError
 from tba.algorithm.trainer import Trainer
 from tba.config import RunConfig
 from tba.models import (
-    DTYPES,
     apply_lora,
     load_model,
     load_tokenizer,
@@ -43,23 +41,26 @@ from tba.models import (
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.shape import source_config
 from tba.models.sources import resolve_source
+from tba.ranks.controller import ShardedTrainer
 from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
 from tba.rollout.episodes import Limits
-from tba.rollout.evaluate import Evaluator
+from tba.rollout.evaluate import Evaluator, SpreadEvaluator
 from tba.run import rundir
 from tba.run.checkpoint import CheckpointError, restore_trainer
 from tba.run.searchers import (
     aging_sources,
-    behaviour_policy,
+    behaviour_weights,
     build_runtime,
     default_threads,
+    publish_dtype,
     searcher_groups,
     task_spec,
 )
 from tba.run.sft import cache_key
 from tba.run.sft import warm_start as sft_warm_start
-from tba.runtime import ranks
+from tba.run.sharded import RankBuild, build_sharded
 from tba.runtime.searcher_spec import ModelSources
+from tba.runtime.worker import InlineParts
 from tba.tasks.base import Scoring, Task
 from tba.tasks.data import DataLoadError
 from tba.tasks.prepare import apply_chat_template, fit_prompts, prompt_limit
@@ -80,8 +81,9 @@ def warm_start(cfg: RunConfig, task: Task) -> Path:
     return sft_warm_start(task, cfg.sft, cfg.model.tiny, seed=cfg.seed, key=key, evaluation=cfg.eval)
 
 
-def build_models(cfg: RunConfig, task: Task):
-    """(tokenizer, policy, reference, source). The reference is frozen; by default it is the policy's start.
+def build_models(cfg: RunConfig, task: Task, reference: bool = True):
+    """(tokenizer, policy, reference, source). The reference is frozen; by default it is the policy's start
+    (`reference` False: None, not loaded).
 
     `source` is where the starting policy can be loaded from again (hub name or directory), so that searchers
     in other processes or on other nodes load the same weights; None when the policy exists only in memory.
@@ -99,8 +101,11 @@ def build_models(cfg: RunConfig, task: Task):
     else:
         source = resolve_source(m.policy)
         tokenizer, policy = load_tokenizer(source), load_model(source, m.dtype)
-    reference = load_model(m.reference, m.dtype) if m.reference else copy.deepcopy(policy)
-    reference.eval().requires_grad_(False)
+    if reference:
+        reference = load_model(m.reference, m.dtype) if m.reference else copy.deepcopy(policy)
+        reference.eval().requires_grad_(False)
+    else:
+        reference = None
     if m.lora.enabled:
         policy = apply_lora(policy, m.lora)
     return tokenizer, policy, reference, source
@@ -230,44 +235,44 @@ def trainer_args(cfg: RunConfig, reference, pad_id: int) -> dict:
                 aging=aging_sources(cfg), autocast=cfg.model.autocast)
 
 
-@dataclasses.dataclass(frozen=True)
-class RankBuild:
-    """How every trainer rank builds its part (picklable: ranks 1..N−1 build it in their own process): the policy's
-    architecture from the start `source`'s config on the meta device — no rank ever holds a second whole copy of the
-    weights: its shards are filled from rank 0's policy (tba.runtime.ranks) — and the trainer's arguments."""
-
-    cfg: RunConfig
-    source: str
-    pad_id: int
-
-    def __call__(self, device) -> tuple:
-        m = self.cfg.model
-        with torch.device("meta"):
-            policy = AutoModelForCausalLM.from_config(source_config(self.source), dtype=DTYPES[m.dtype])
-            reference = None
-            if OBJECTIVES[self.cfg.objective].owns_reference:
-                reference = copy.deepcopy(policy).eval().requires_grad_(False)  # rank 0's weights are broadcast
-            if m.lora.enabled:
-                policy = apply_lora(policy, m.lora)
-        return policy, trainer_args(self.cfg, reference, self.pad_id)
+def build_trainer(cfg: RunConfig, policy, reference, tokenizer) -> Trainer:
+    """The one-process trainer (trainer.world_size = 1) over `policy`, on its device."""
+    return Trainer(policy, **trainer_args(cfg, reference, tokenizer.pad_token_id))
 
 
-def build_trainer(cfg: RunConfig, policy, reference, tokenizer, source: str | None = None) -> Trainer:
-    """The run's trainer: one process (trainer.world_size = 1), or rank 0 of N started now (tba.runtime.ranks),
-    which needs the start policy's `source` for the other ranks to build the same model."""
-    args = trainer_args(cfg, reference, tokenizer.pad_token_id)
-    t = cfg.trainer
-    if t.world_size == 1:
-        return Trainer(policy, **args)
+def sharded_start(cfg: RunConfig, task: Task, out: Path, resume_from: Path | None, state: RunState):
+    """(tokenizer, where rank 0 loads the start weights from) for a sharded trainer, and `state`'s model sources
+    filled in. The controller builds a start itself only when it exists nowhere else — the builtin model, fresh
+    LoRA adapters (written to RUN_DIR/start: the adapters only, over their base) — and never keeps it."""
+    if resume_from is not None and _loadable(state.policy_source) and _loadable(state.reference_source):
+        return load_tokenizer(str(resume_from / "model")), str(resume_from / "model")
+    m = cfg.model
+    if m.policy == "builtin" or m.lora.enabled:
+        tokenizer, policy, _, source = build_models(cfg, task, reference=False)
+        if source is None:
+            source = str(out / "init")
+            save_checkpoint(policy, tokenizer, Path(source))
+        start = source
+        if m.lora.enabled:
+            start = str(out / "start")
+            save_checkpoint(policy, tokenizer, Path(start))
+        del policy
+    else:
+        source = resolve_source(m.policy)
+        tokenizer, start = load_tokenizer(source), source
+    if resume_from is not None:
+        start = str(resume_from / "model")
+    state.policy_source, state.reference_source = source, m.reference or source
+    return tokenizer, start
+
+
+def make_sharded_trainer(cfg: RunConfig, start: str, state: RunState, pad_id: int, out: Path,
+                         resume_from: Path | None) -> ShardedTrainer:
+    """The controller's handle on trainer.world_size ranks, each building its part from `start`."""
+    own = str(resume_from / "reference") if resume_from is not None and (resume_from / "reference").is_dir() else None
+    build = RankBuild(cfg, start, state.policy_source, state.reference_source, own, pad_id)
     threads = cfg.threads or default_threads(sum(g.num_searchers for g in searcher_groups(cfg)), cfg.runtime)[0]
-    parts = ranks.RankParts(RankBuild(cfg, source, tokenizer.pad_token_id), t.fsdp, cfg.model.dtype, threads)
-    launch = ranks.start_local
-    if cfg.runtime == "ray":  # the other ranks as actors of one placement group (imports Ray only then)
-        from tba.runtime import ray_ranks
-
-        launch = functools.partial(ray_ranks.start_actors, cfg=cfg.ray)
-    return ranks.start(parts, world=t.world_size, devices=ranks.rank_devices(t.fsdp, t.world_size, cfg.model.device),
-                       whole=policy, trainer_args=args, launch=launch)
+    return build_sharded(cfg, build, threads=threads, publish_dtype=publish_dtype(cfg), run_dir=out)
 
 
 def scoring(cfg: RunConfig) -> Scoring:
@@ -288,16 +293,13 @@ def loop_settings(cfg: RunConfig) -> LoopSettings:
 
 @dataclasses.dataclass
 class CurrentPolicy:
-    """An evaluator that first brings the whole policy it reads up to date with the trainer (a sharded trainer's
-    ranks hold only shards of it: tba.runtime.ranks)."""
+    """The one-process trainer's evaluation: its policy as it is now, computed as training computes
+    (model.autocast, tba.models.precision)."""
 
     evaluator: Evaluator
-    trainer: Trainer
     autocast: str | None = None
-    """model.autocast: evaluation computes as training does (tba.models.precision)."""
 
     def __call__(self) -> dict[str, float]:
-        self.trainer.sync_copy()
         with precision.autocast(self.evaluator.policy.device, self.autocast):
             return self.evaluator()
 
@@ -312,10 +314,10 @@ class Run:
 
     task: Task
     tokenizer: PreTrainedTokenizerBase
-    policy: PreTrainedModel
-    """On its device; a PEFT model when the run trains LoRA."""
-    reference: PreTrainedModel
-    """π_ref, frozen, on the policy's device."""
+    policy: PreTrainedModel | None
+    """On its device; a PEFT model when the run trains LoRA. None for a sharded trainer (its ranks hold it)."""
+    reference: PreTrainedModel | None
+    """π_ref, frozen, on the policy's device (None for a sharded trainer)."""
     trainer: Trainer
     buffer: ReplayBuffer
     runtime: Runtime
@@ -333,38 +335,62 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
               set_aside_buffer: bool = False) -> Run:
     """Task, models (on their device), trainer (restored on resume), buffer and runtime, in that order.
     `checkpoint`: the checkpoint's full state ({} for a fresh run); `state`: its tba.algorithm.state.RunState;
-    `set_aside_buffer`: a buffer that cannot be read is moved aside (`build_buffer`)."""
+    `set_aside_buffer`: a buffer that cannot be read is moved aside (`build_buffer`). A sharded trainer's controller
+    (trainer.world_size > 1) holds no model: its ranks do (tba.run.sharded)."""
     task = build_task(cfg)
     prompt_ids = {p.text.strip(): p.id for p in task.train}  # as the task wrote them, before any chat template
-    tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state)
-    device = resolve_device(cfg.model.device)
-    policy, reference = policy.to(device), reference.to(device)
+    sharded = cfg.trainer.world_size > 1
+    device = resolve_device(cfg.model.device) if not sharded else torch.device("cpu")
+    if sharded:
+        tokenizer, start = sharded_start(cfg, task, out, resume_from, state)
+        policy = reference = None
+        architecture = source_config(state.policy_source)
+    else:
+        tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state)
+        policy, reference = policy.to(device), reference.to(device)
+        architecture = policy.config
     apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)  # now that the tokenizer exists
-    limit = prompt_limit(cfg.task.max_prompt_tokens, policy, max(cfg.search.max_new_tokens, cfg.eval.max_new_tokens))
+    limit = prompt_limit(cfg.task.max_prompt_tokens, architecture, max(cfg.search.max_new_tokens,
+                                                                       cfg.eval.max_new_tokens))
     fitted = fit_prompts(task, tokenizer, limit, cfg.task.long_prompts)
     if fitted["prompts_too_long"]:
         logger.info(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
             f"{'truncated' if cfg.task.long_prompts == 'truncate' else 'skipped'} (task.long_prompts)")
-    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    lora = "" if trainable == num_parameters(policy) else f" ({trainable / 1e6:.2f}M trainable, LoRA)"
-    logger.info(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
-        f"policy {num_parameters(policy) / 1e6:.2f}M params{lora} on {device}; "
-        f"runtime {cfg.runtime}, mode {cfg.mode}")
-    trainer = build_trainer(cfg, policy, reference, tokenizer, state.policy_source)
-    try:  # a sharded trainer's other ranks are processes: a failure below must not leave them waiting
+    if sharded:
+        logger.info(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; policy "
+                    f"{state.policy_source} on {cfg.trainer.world_size} trainer ranks; runtime {cfg.runtime}, "
+                    f"mode {cfg.mode}")
+        trainer = make_sharded_trainer(cfg, start, state, tokenizer.pad_token_id, out, resume_from)
+    else:
+        trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        lora = "" if trainable == num_parameters(policy) else f" ({trainable / 1e6:.2f}M trainable, LoRA)"
+        logger.info(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; "
+            f"policy {num_parameters(policy) / 1e6:.2f}M params{lora} on {device}; "
+            f"runtime {cfg.runtime}, mode {cfg.mode}")
+        trainer = build_trainer(cfg, policy, reference, tokenizer)
+    try:  # a sharded trainer's ranks are processes: a failure below must not leave them waiting
         if resume_from is not None:
             restore_trainer(trainer, resume_from, checkpoint)
         buffer = build_buffer(cfg, out, resume_from, checkpoint.get("buffer"), set_aside_buffer)
+        scorer = reference
+        if sharded and cfg.data.source and not buffer.data:  # π_ref scores the data once, in host memory
+            scorer = load_model(state.reference_source, cfg.model.dtype).eval().requires_grad_(False)
         with precision.autocast(device, cfg.model.autocast):  # π_ref scores the data as the searchers score theirs
-            data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=reference)
+            data = add_data(cfg, buffer, task=task, prompt_ids=prompt_ids, tokenizer=tokenizer, reference=scorer)
+        del scorer
         sources = ModelSources(policy=state.policy_source, reference=state.reference_source,
                                tokenizer=state.policy_source)
-        behaviour, version = behaviour_policy(cfg, policy, trainer.version, state, resumed=resume_from is not None)
-        runtime = build_runtime(cfg, task=task, tokenizer=tokenizer, policy=behaviour, reference=reference,
-                                sources=sources, limit=limit, version=version, states=checkpoint.get("searchers"))
-        evaluation = Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
-                               limits=Limits.of(cfg.search, cfg.eval.max_new_tokens))
-        evaluator = CurrentPolicy(evaluation, trainer, cfg.model.autocast)
+        weights, version, behaviour = behaviour_weights(cfg, policy, trainer, state, resumed=resume_from is not None)
+        inline = InlineParts(task, tokenizer, behaviour, reference) if cfg.runtime == "inline" else None
+        runtime = build_runtime(cfg, weights=weights, version=version, inline=inline, sources=sources, limit=limit,
+                                states=checkpoint.get("searchers"))
+        if sharded:
+            evaluator = SpreadEvaluator(task, cfg.eval, trainer.evaluate, trainer.world)
+        else:
+            evaluator = CurrentPolicy(Evaluator(policy, tokenizer, task, cfg.eval, reference=reference,
+                                                scoring=scoring(cfg), limits=Limits.of(cfg.search,
+                                                                                       cfg.eval.max_new_tokens)),
+                                      cfg.model.autocast)
         identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
     except BaseException:
         trainer.close()

@@ -34,6 +34,7 @@ state.json records FORMAT_VERSION; a checkpoint of another format is refused wit
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -89,19 +90,21 @@ def load_optimizer(path: Path, optimizer, groups: list[dict]) -> None:
 
 def restore_trainer(trainer, path: Path, state: dict) -> None:
     """Continue `trainer` from checkpoint `path`: optimizer moments, counters, and the π_ref an objective keeps
-    itself (TBA′). The policy weights were loaded with the model; LR and β are functions of the step."""
+    itself (TBA′). The policy weights were loaded with the model (a sharded trainer's ranks loaded both from `path`
+    as they started); LR and β are functions of the step. A checkpoint of either kind resumes either kind."""
+    version, skipped = state["version"], state["skipped_steps"]
+    if trainer.sharded:
+        one_process = None if (path / SHARDED).is_dir() else functools.partial(
+            _optimizer_state, path, state["optimizer_param_groups"])  # read by rank 0, in its own process
+        trainer.load(path / SHARDED if one_process is None else None, one_process, version=version, skipped=skipped)
+        return
     if (path / SHARDED).is_dir():
-        if trainer.sharded:
-            trainer.load_optimizer(path / SHARDED)
-        else:
-            from tba.runtime.fsdp import load_optimizer as load_sharded
+        from tba.ranks.fsdp import load_optimizer as load_sharded
 
-            load_sharded(trainer.model, trainer.optimizer, path / SHARDED)
-    elif trainer.sharded:
-        trainer.load_optimizer(None, _optimizer_state(path, state["optimizer_param_groups"]))
+        load_sharded(trainer.model, trainer.optimizer, path / SHARDED)
     else:
         load_optimizer(path, trainer.optimizer, state["optimizer_param_groups"])
-    trainer.version, trainer.skipped_steps = state["version"], state["skipped_steps"]
+    trainer.version, trainer.skipped_steps = version, skipped
     if trainer.reference is not None and (path / "reference").is_dir():
         from tba.models import load_model
 
@@ -122,24 +125,25 @@ def _fsync_tree(path: Path) -> None:
 
 def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict, reference=None,
          keep: int = 2, sharded=None) -> Path:
-    """Write checkpoint `step` atomically and prune to the newest `keep`. `sharded`: a sharded trainer, whose ranks
-    each write their part of the optimizer state (into the same temporary directory). Raises CheckpointError."""
+    """Write checkpoint `step` atomically and prune to the newest `keep`. `sharded`: a sharded trainer
+    (tba.ranks.controller.ShardedTrainer; `policy`, `optimizer`, `reference` are then None), whose ranks write
+    model/ from their master weights, reference/ and their parts of optimizer/ into the same temporary directory.
+    Raises CheckpointError."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f"step_{step:07d}.tmp"
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        policy.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
-        if reference is not None:
-            reference.save_pretrained(tmp / "reference", safe_serialization=True)
         if sharded is not None:
-            sharded.save_optimizer(tmp / SHARDED)
-            groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.state_dict()["param_groups"]]
+            groups = sharded.save(tmp)
         else:
+            policy.save_pretrained(tmp / "model", safe_serialization=True)
+            if reference is not None:
+                reference.save_pretrained(tmp / "reference", safe_serialization=True)
             tensors, groups = _optimizer_tensors(optimizer)
             save_file(tensors, str(tmp / TENSORS))
+        tokenizer.save_pretrained(tmp / "model")
         payload = {**state, "format_version": FORMAT_VERSION, "step": step, "optimizer_param_groups": groups,
                    "rng": rng_state(), "complete": True}
         (tmp / STATE).write_text(json.dumps(payload))
@@ -170,23 +174,20 @@ def save(run_dir: Path, *, step: int, policy, tokenizer, optimizer, state: dict,
 
 @dataclass
 class Checkpointer:
-    """A run's checkpoints: where they go, the policy and tokenizer each one saves, how many are kept. The loop
-    hands it the rest (optimizer, the trainer's own reference, its JSON state) at every checkpoint."""
+    """A run's checkpoints: where they go, the tokenizer each one saves, how many are kept. The loop hands it the
+    trainer and its own JSON state at every checkpoint."""
 
     run_dir: Path
-    policy: object
     tokenizer: object
     keep: int
-    trainer: object = None
-    """The run's trainer: a sharded one brings `policy` up to date first and writes its optimizer state sharded."""
 
-    def save(self, step: int, *, optimizer, state: dict, reference=None) -> Path:
-        sharded = None
-        if self.trainer is not None:
-            self.trainer.sync_copy()
-            sharded = self.trainer if self.trainer.sharded else None
-        return save(self.run_dir, step=step, policy=self.policy, tokenizer=self.tokenizer, optimizer=optimizer,
-                    state=state, reference=reference, keep=self.keep, sharded=sharded)
+    def save(self, step: int, *, trainer, state: dict) -> Path:
+        if trainer.sharded:
+            return save(self.run_dir, step=step, policy=None, tokenizer=self.tokenizer, optimizer=None, state=state,
+                        keep=self.keep, sharded=trainer)
+        reference = trainer.reference.model if trainer.reference is not None else None  # TBA′'s
+        return save(self.run_dir, step=step, policy=trainer.model, tokenizer=self.tokenizer,
+                    optimizer=trainer.optimizer, state=state, reference=reference, keep=self.keep)
 
     def buffer_marks(self) -> list[int]:
         return buffer_marks(self.run_dir)

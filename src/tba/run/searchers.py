@@ -6,6 +6,7 @@ from, and the runtime that hosts them. `tba.run.build` assembles a run with thes
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from tba.algorithm.runtime import Runtime
@@ -22,7 +23,6 @@ from tba.runtime import RUNTIMES
 from tba.runtime.searcher_spec import ModelSources, SearcherSpec
 from tba.runtime.worker import InlineParts, RuntimeParts
 from tba.tasks import TASKS
-from tba.tasks.base import Task
 from tba.tasks.prepare import TaskSpec
 
 
@@ -33,17 +33,45 @@ def task_spec(cfg: RunConfig) -> TaskSpec:
     return TaskSpec(target, dict(t.options or {}), t.train_size, t.test_size, t.chat_template)
 
 
-def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True) -> SamplerSpec:
+def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True,
+                 dtype: str | None = None) -> SamplerSpec:
     """The sampler of searchers with `search`'s settings (default: the run's `search` section); another model
-    than the trained policy (`trained_policy` False) gets no LoRA adapters."""
+    than the trained policy (`trained_policy` False) gets no LoRA adapters; `dtype`: its models' (default:
+    `searcher_dtype` on `search`'s device)."""
     s, m = search or cfg.search, cfg.model
     entry = sampler_entry(s.backend)  # a registered backend, or your own module:build
     max_len = s.vllm.max_model_len
     if max_len is None and cfg.task.max_prompt_tokens is not None:
         max_len = cfg.task.max_prompt_tokens + s.max_new_tokens
     lora = m.lora if m.lora.enabled and trained_policy else None
-    return SamplerSpec(entry.target, m.dtype, lora, s.vllm, max_len, s.quantize, entry.takes_policy,
-                       entry.fresh_process, entry.child_env)
+    return SamplerSpec(entry.target, dtype or searcher_dtype(cfg, s.device or m.device), lora, s.vllm, max_len,
+                       s.quantize, entry.takes_policy, entry.fresh_process, entry.child_env)
+
+
+def searcher_dtype(cfg: RunConfig, device: str) -> str:
+    """search.dtype, or by default: the trainer's compute dtype for a searcher on a GPU (what the trainer scores in:
+    trainer.fsdp.param_dtype when sharded), model.dtype on a CPU (the masters' dtype: today's behaviour)."""
+    if cfg.search.dtype:
+        return cfg.search.dtype
+    on_gpu = device.strip().split(":")[0] in ("cuda", "auto") and (device.strip() != "auto" or _gpu())
+    if on_gpu and cfg.trainer.world_size > 1 and cfg.trainer.fsdp.param_dtype:
+        return cfg.trainer.fsdp.param_dtype
+    return cfg.model.dtype
+
+
+def _gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def publish_dtype(cfg: RunConfig) -> str:
+    """The dtype a sharded trainer publishes in: the first searcher's (a searcher of another dtype casts as it
+    loads); the compute dtype when there are none."""
+    placements = searcher_placements(cfg)
+    if placements:
+        return searcher_dtype(cfg, placements[0].device)
+    return (cfg.trainer.fsdp.param_dtype if cfg.trainer.world_size > 1 else None) or cfg.model.dtype
 
 
 def searcher_groups(cfg: RunConfig) -> list[SearcherGroup]:
@@ -100,37 +128,56 @@ def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[Se
         if g.name not in own:
             own[g.name] = sources if trained else ModelSources(resolve_source(g.policy), sources.reference,
                                                                sources.tokenizer)
-        sampler = sampler_spec(cfg, p.search, trained_policy=trained)
+        dtype = searcher_dtype(cfg, p.device)
+        sampler = sampler_spec(cfg, p.search, trained_policy=trained, dtype=dtype)
         specs.append(SearcherSpec(p.rank, g.num_searchers, searcher_seed(cfg.seed, p.rank), p.device, threads,
-                                  p.search, task, sampler, own[g.name], cfg.model.dtype, limit, cfg.task.long_prompts,
+                                  p.search, task, sampler, own[g.name], dtype, limit, cfg.task.long_prompts,
                                   shard=p.shard, source=g.name, synced=g.sync if g.sync is not None else trained,
                                   trained_policy=trained, scoring_temperature=s.temperature,
                                   autocast=cfg.model.autocast))
     return specs
 
 
-def behaviour_policy(cfg: RunConfig, policy, version: int, state: RunState, *, resumed: bool):
-    """(the policy the searchers start from, its version). The trainer's policy — but searchers that are never
-    synced (trainer.sync_every_steps = 0) sample the run's start for the whole run, on a resume too: there it is
-    loaded again from its source (version 0), not taken from the checkpoint."""
+def behaviour_weights(cfg: RunConfig, policy, trainer, state: RunState, *, resumed: bool):
+    """(the tensors the searchers start from, their version, the behaviour policy's model). The trainer's — but
+    searchers that are never synced (trainer.sync_every_steps = 0) sample the run's start for the whole run, on a
+    resume too: there it is loaded again from its source (version 0), not taken from the checkpoint. `policy`: the
+    one-process trainer's (None for a sharded trainer, whose weights come from its ranks, in host memory)."""
     if not resumed or cfg.trainer.sync_every_steps != 0:
-        return policy, version
-    start = load_model(state.policy_source, cfg.model.dtype).to(next(policy.parameters()).device)
+        if policy is None:
+            return trainer.weights(), trainer.version, None
+        return {k: v.detach() for k, v in synced_tensors(policy).items()}, trainer.version, policy
+    start = load_model(state.policy_source, cfg.model.dtype)
+    if policy is not None:
+        start = start.to(next(policy.parameters()).device)
     if cfg.model.lora.enabled:
         start = apply_lora(start, cfg.model.lora)  # B = 0: the base, under the trainer's tensor names
-    return start, 0
+    return {k: v.detach() for k, v in synced_tensors(start).items()}, 0, start
 
 
-def build_runtime(cfg: RunConfig, *, task: Task, tokenizer, policy, reference, sources: ModelSources, limit: int,
-                  version: int = 0, states: list[dict] | None = None) -> Runtime:
-    """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from `policy` (the behaviour
-    policy) at `version`; on resume `states` are the searchers' checkpointed states."""
-    weights = {k: v.detach() for k, v in synced_tensors(policy).items()}
+def build_runtime(cfg: RunConfig, *, weights: dict, version: int, inline: InlineParts | None, sources: ModelSources,
+                  limit: int, states: list[dict] | None = None) -> Runtime:
+    """The configured runtime (tba.runtime.RUNTIMES) around searchers that start from `weights` (the behaviour
+    policy's tensors) at `version`; `inline`: runtime=inline's shared objects; on resume `states` are the
+    searchers' checkpointed states."""
     parts = RuntimeParts(searchers=searcher_specs(cfg, sources, limit), weights=weights, version=version,
                          states=states, sync=cfg.mode == "sync", transport=cfg.search.weight_transport,
-                         supervision=cfg.supervision, ray=cfg.ray,
-                         inline=InlineParts(task, tokenizer, policy, reference))
+                         supervision=cfg.supervision, ray=ray_section(cfg), inline=inline)
     return load_object(RUNTIMES[cfg.runtime].target, "runtime")(parts)
+
+
+def ray_section(cfg: RunConfig):
+    """The `ray` section, with a private Ray (no ray.address, no ray.num_cpus) sized to hold the whole run: the trainer
+    ranks' bundles and every searcher actor. Ray's CPUs are a scheduling count, not cores; sized by the cores alone,
+    two ranks and a searcher on a 2-core laptop would wait for ever for the searcher's CPU."""
+    r = cfg.ray
+    if r.address or r.num_cpus is not None:
+        return r
+    searchers = sum(g.num_searchers for g in searcher_groups(cfg))
+    threads = cfg.threads or default_threads(searchers, cfg.runtime)[0]
+    ranks = cfg.trainer.world_size * threads if cfg.trainer.world_size > 1 else 0
+    need = math.ceil(ranks + searchers * r.searcher_cpus)
+    return dataclasses.replace(r, num_cpus=max(os.cpu_count() or 1, need))
 
 
 def default_threads(num_searchers: int, runtime: str) -> tuple[int, int]:

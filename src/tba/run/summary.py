@@ -46,5 +46,6 @@ def run_summary(state, run, totals: RunTotals) -> dict:
         **({"episodes_ended": t.episodes_ended} if t.episodes_ended else {}),
         **run.identity,
         "searchers": t.placement,
+        **({"trainer_ranks": trainer.placement} if trainer.sharded else {}),
         "evals": [(e.step, e.score, e.train_s) for e in state.evals],
     }

@@ -63,21 +63,23 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, set_
         set_rng_state(checkpoint["rng"])  # last: nothing above may consume random numbers after this
     monitor = Monitor(dataclasses.replace(state), t_run, cfg.supervision.heartbeat_timeout_s)
     loop = Loop(loop_settings(cfg), trainer=run.trainer, buffer=run.buffer, runtime=run.runtime,
-                evaluator=run.evaluator, checkpoints=Checkpointer(out, run.policy, run.tokenizer, cfg.checkpoint.keep,
-                                                                  run.trainer),
+                evaluator=run.evaluator, checkpoints=Checkpointer(out, run.tokenizer, cfg.checkpoint.keep),
                 logger=metrics, state=state, monitor=monitor, resumed=resume_from is not None,
                 progress=RunControl(cfg.trainer.steps, enabled=cfg.logging.progress, start=state.step,
                                     plain_every_s=cfg.logging.plain_every_s))
     try:
         totals = loop.run()
-        run.trainer.sync_copy()
+        if run.trainer.sharded:  # the ranks write it from their master weights, before they end
+            run.trainer.save_model(out / "checkpoint")
+            run.tokenizer.save_pretrained(out / "checkpoint")
     finally:
         try:
             loop.close()
         finally:
             run.trainer.close()
     summary = run_summary(state, run, totals)
-    save_checkpoint(run.policy, run.tokenizer, out / "checkpoint")
+    if not run.trainer.sharded:
+        save_checkpoint(run.policy, run.tokenizer, out / "checkpoint")
     summary["checkpoint"] = str(out / "checkpoint")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

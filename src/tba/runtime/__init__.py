@@ -1,5 +1,5 @@
-"""Runtimes host the searchers (and a sharded trainer's ranks) and move data; the training loop (tba.algorithm.loop)
-is the same for all of them.
+"""Runtimes host the searchers and move data; the training loop (tba.algorithm.loop) is the same for all of them
+(a sharded trainer's ranks are tba.ranks').
 
     inline.py         one process: search and training alternate (and `offline`: no searchers)
     local.py          searcher processes on this machine (torch.multiprocessing)
@@ -10,9 +10,6 @@ is the same for all of them.
     forkserver.py     local searchers fork from a server that imported tba once
     lifetime.py       no process outlives its run: searchers watch their trainer, the trainer ends its children
     transport/        how published weights travel: shared memory / CUDA IPC, broadcast, Ray's object store
-    ranks.py          a trainer of N ranks (trainer.world_size > 1): rank 0 drives the others by commands
-    fsdp.py           FSDP2 over the policy: sharding, weights gathered in buckets, the optimizer state sharded
-    ray_ranks.py      runtime=ray: the trainer's other ranks as actors of one placement group
 
 This file is the registry (light: config validation reads it without importing torch): `RUNTIMES` maps
 `runtime` to the `tba.plugins` target of its factory, `TRANSPORTS` lists `search.weight_transport`'s choices.

@@ -106,10 +106,10 @@ def fit_prompts(task, tokenizer, limit: int, mode: str) -> dict[str, int]:
     return counts
 
 
-def prompt_limit(max_prompt_tokens: int | None, policy, generation_budget: int) -> int:
-    """`max_prompt_tokens` (task.max_prompt_tokens), or the model's context length minus the generation budget
-    (the longer of the search and evaluation budgets)."""
+def prompt_limit(max_prompt_tokens: int | None, config, generation_budget: int) -> int:
+    """`max_prompt_tokens` (task.max_prompt_tokens), or the context length of the model `config` describes minus
+    the generation budget (the longer of the search and evaluation budgets)."""
     if max_prompt_tokens is not None:
         return max_prompt_tokens
-    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
+    context = getattr(config, "max_position_embeddings", None) or 10**9
     return max(1, context - generation_budget)

@@ -1,6 +1,6 @@
-"""FSDP2 for the trainer's policy: how it is sharded, how its weights are gathered for the searchers, how its
-optimizer state is saved and loaded sharded. Every function here is collective: all ranks call it, in the same
-order (tba.runtime.ranks makes sure of that).
+"""FSDP2 for the trainer's policy: how it is sharded, how its weights are gathered (for the searchers, for an
+evaluation, for a checkpoint), how its optimizer state is saved and loaded sharded. Every function here is
+collective: all ranks call it, in the same order (tba.ranks.rank makes sure of that).
 
 Sharding follows the model's own split: every module whose class the model lists in `_no_split_modules` (its
 decoder layers, for every HF causal LM) is one FSDP unit, then the root (embeddings, final norm, head: tied
@@ -11,13 +11,15 @@ Gradients: each rank back-propagates its share of the batch with its loss multip
 averaging reduce-scatter yields the sum over ranks — the full-batch gradient of the single-process trainer.
 (Setting the divide factor to 1 instead needs ReduceOp.PREMUL_SUM, which gloo does not have.)
 
-Publication gathers whole FSDP units (`unshard`: FSDP's own all-gather, one per unit), grouped into buckets of
-`publish_bucket_mb`: every rank waits for a bucket's gathers, rank 0 copies the tensors into its whole copy of the
-policy, every rank frees them (`reshard`) before the next bucket. All gathers complete before rank 0 hands anything
-to a transport, so a transport's own group (the broadcast transport's) never interleaves with the trainer's (TRL
-#7103's deadlock).
-The gathered tensors are the units' forward weights (fsdp.param_dtype): what the trainer scores is what the
-searchers sample.
+Two kinds of whole tensors come out of the shards:
+* `forward_buckets` — whole FSDP units (`unshard`: FSDP's own all-gather, one per unit), grouped into buckets of
+  `publish_bucket_mb`, in the forward dtype (`fsdp.param_dtype`): what the trainer scores with, so what searchers and
+  evaluation use. Every rank waits for a bucket's gathers, the caller takes its tensors, every rank frees them
+  (`reshard`) before the next: no rank holds more than one bucket beyond its shard, and every gather of a bucket
+  completes before its tensors leave (a transport's own group never interleaves with the trainer's: TRL #7103).
+* `master_buckets` — the sharded master weights themselves (model.dtype, fp32), tensor by tensor (`full_tensor`),
+  copied to host memory on rank 0 only: what a checkpoint's `model/` is written from, so a resume never rounds the
+  masters to the forward dtype.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from torch.distributed.tensor import DTensor
 from tba.config.fsdp import FSDPConfig
 from tba.models import DTYPES
 
+Bucket = dict[str, torch.Tensor]
+
 
 def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's decoder layers: modules of a class its `_no_split_modules` names (HF's own list of what must
@@ -53,13 +57,16 @@ def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard(model: torch.nn.Module, cfg: FSDPConfig, *, dtype: str, device: torch.device) -> torch.nn.Module:
-    """Shard `model` in place over the default process group: each decoder layer, then the root."""
+def shard(model: torch.nn.Module, cfg: FSDPConfig, *, dtype: str, device: torch.device,
+          checkpointing: bool = False) -> torch.nn.Module:
+    """Shard `model` in place over the default process group: each decoder layer, then the root. `dtype`: the
+    master weights' (the forward runs in cfg.param_dtype, default the same); `checkpointing`: recompute each
+    decoder layer's activations in backward."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     param = DTYPES[cfg.param_dtype or dtype]
     policy = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=DTYPES[cfg.reduce_dtype])
     layers = _layers(model)
-    if cfg.activation_checkpointing:
+    if checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
         kinds = tuple({type(m) for m in layers})
@@ -71,8 +78,8 @@ def shard(model: torch.nn.Module, cfg: FSDPConfig, *, dtype: str, device: torch.
     return model
 
 
-def _clean(name: str) -> str:
-    """A parameter's name without activation checkpointing's wrapper, as the searchers' model names it."""
+def clean(name: str) -> str:
+    """A parameter's name without activation checkpointing's wrapper, as an unwrapped model names it."""
     return name.replace("_checkpoint_wrapped_module.", "")
 
 
@@ -84,7 +91,7 @@ def _units(model: torch.nn.Module) -> list[tuple[str, FSDPModule]]:
 def _own(unit: torch.nn.Module, prefix: str, wanted: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """The unsharded parameters of `unit` (not those of units inside it, still DTensors) under their full names."""
     for name, p in unit.named_parameters(remove_duplicate=False):
-        full = _clean(f"{prefix}.{name}" if prefix else name)
+        full = clean(f"{prefix}.{name}" if prefix else name)
         if not isinstance(p, DTensor) and full in wanted:
             yield full, p
 
@@ -93,12 +100,11 @@ def _bytes(unit: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in unit.parameters(recurse=False))
 
 
-def gather(model: torch.nn.Module, into: dict[str, torch.Tensor] | None, *, bucket_mb: float) -> None:
-    """Copy the full tensors of the parameters named in `into` (rank 0: the whole copy's own tensors, cast on copy;
-    None on the other ranks, which only take part) from the shards, bucket by bucket: no rank holds more than one
-    bucket of gathered weights beyond what it keeps. Buffers and parameters FSDP left whole are read as they are."""
-    wanted, done = set(into or ()), set()
-    units, limit = _units(model), bucket_mb * 2**20
+def forward_buckets(model: torch.nn.Module, wanted: set[str], *, bucket_mb: float) -> Iterator[Bucket]:
+    """The whole forward-dtype tensors of the parameters and buffers named in `wanted`, bucket by bucket, on every
+    rank. A bucket's tensors are FSDP's unsharded parameters, valid only until the generator resumes (the caller
+    copies what it keeps); buffers, and parameters FSDP left whole, come last as they are."""
+    done, units, limit = set(), _units(model), bucket_mb * 2**20
     buckets, size = [[]], 0
     for prefix, unit in units:
         if buckets[-1] and size + _bytes(unit) > limit:
@@ -113,27 +119,55 @@ def gather(model: torch.nn.Module, into: dict[str, torch.Tensor] | None, *, buck
                 if h is not None:
                     h.wait()
             try:
+                out = {}
                 for prefix, unit in bucket:
                     for name, p in _own(unit, prefix, wanted):
                         if name not in done:
-                            into[name].copy_(p)
+                            out[name] = p
                             done.add(name)
+                yield out
             finally:
                 for _, unit in bucket:
                     unit.reshard()
-        if into is not None:
-            state = {_clean(k): v for k, v in model.state_dict().items()}
-            for name in wanted - done:  # buffers (never sharded) and anything FSDP left whole
-                v = state[name]
-                into[name].copy_(v.full_tensor() if isinstance(v, DTensor) else v)
+        rest = {clean(k): v for k, v in model.state_dict().items() if clean(k) in wanted - done}
+        yield {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in rest.items()}
 
 
-def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole state dict, gathered on every rank (TBA′'s reference reset: every rank keeps a full π_ref)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def master_buckets(model: torch.nn.Module, *, bucket_mb: float, names: set[str] | None = None) -> Iterator[Bucket]:
+    """The master weights (and persistent buffers) in host memory, tensor by tensor gathered from the shards
+    (`full_tensor`, collective), grouped into buckets of about `bucket_mb`: rank 0 gets each bucket's CPU copies,
+    the other ranks empty buckets. Tied tensors come once, under their first name (as save_pretrained writes them).
+    `names`: only these (LoRA: the adapters). Buffers after the parameters, persistent ones only."""
+    bucket, size, limit = {}, 0, bucket_mb * 2**20
+    main = dist.get_rank() == 0
+    persistent = set(model.state_dict())
+    tensors = [*model.named_parameters(), *((k, b) for k, b in model.named_buffers() if k in persistent)]
+    with torch.no_grad():
+        for key, v in tensors:  # named_parameters yields a tied parameter once, under its first name
+            name = clean(key)
+            if names is not None and name not in names:
+                continue
+            full = v.full_tensor() if isinstance(v, DTensor) else v
+            if main:
+                bucket[name] = full.detach().to("cpu", copy=True)
+                size += full.numel() * full.element_size()
+            del full
+            if size >= limit:
+                yield bucket
+                bucket, size = {}, 0
+    yield bucket
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {_clean(k): v for k, v in state.items()}
+
+def copy_local(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """target's shards ← source's, rank-locally (no communication): both sharded alike (the same architecture on the
+    same mesh), e.g. TBA′'s reference reset to the policy."""
+    with torch.no_grad():
+        for (name, t), (_, s) in zip(target.state_dict().items(), source.state_dict().items(), strict=True):
+            local_t = t.to_local() if isinstance(t, DTensor) else t
+            local_s = s.to_local() if isinstance(s, DTensor) else s
+            if local_t.shape != local_s.shape:
+                raise ValueError(f"{name}: shards differ ({tuple(local_t.shape)} vs {tuple(local_s.shape)})")
+            local_t.copy_(local_s)
 
 
 def load_full(model: torch.nn.Module, state: dict[str, torch.Tensor] | None) -> None:
@@ -147,10 +181,10 @@ def broadcast_buffers(model: torch.nn.Module, whole: torch.nn.Module | None) -> 
     """Every buffer of the sharded `model` (FSDP leaves buffers whole; after `to_empty` they hold garbage, the
     rotary embeddings' non-persistent ones included) from rank 0's `whole` policy (None on the other ranks)."""
     if whole is not None:
-        theirs = {_clean(k): v for k, v in whole.named_buffers()}
+        theirs = {clean(k): v for k, v in whole.named_buffers()}
         with torch.no_grad():
             for name, buffer in model.named_buffers():
-                buffer.copy_(theirs[_clean(name)])
+                buffer.copy_(theirs[clean(name)])
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
 
@@ -163,16 +197,16 @@ def grad_norm(model: torch.nn.Module) -> torch.Tensor:
 
 
 # ---- the optimizer state, sharded (torch.distributed.checkpoint) -------------------------------------------------
-def save_optimizer(model: torch.nn.Module, optimizer, path: Path) -> None:
-    """Every rank writes its shard of the AdamW moments into directory `path` (DCP): resharded when loaded at
-    another world size."""
+def save_optimizer(model: torch.nn.Module, optimizer, path: Path, group=None) -> None:
+    """Every rank writes its shard of the AdamW moments into directory `path` (DCP), coordinating over `group` (the
+    checkpoints' own, with its own timeout): resharded when loaded at another world size."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(path))
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(path), process_group=group)
 
 
-def load_optimizer(model: torch.nn.Module, optimizer, path: Path) -> None:
+def load_optimizer(model: torch.nn.Module, optimizer, path: Path, group=None) -> None:
     """The AdamW moments from a DCP directory written at any world size — this one's ranks, or one process."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
@@ -180,7 +214,7 @@ def load_optimizer(model: torch.nn.Module, optimizer, path: Path) -> None:
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     with warnings.catch_warnings():  # one process reading a sharded checkpoint is what it is for
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, checkpoint_id=str(path), process_group=group)
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
@@ -191,34 +225,51 @@ def load_full_optimizer(model: torch.nn.Module, optimizer, state: dict | None) -
 
     full = {}
     if state is not None:
-        names = [_clean(n) for n, p in model.named_parameters() if p.requires_grad]
+        names = [clean(n) for n, p in model.named_parameters() if p.requires_grad]
         full = {"state": {names[i]: v for i, v in state["state"].items()},
                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, full,
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
+# ---- the process group ---------------------------------------------------------------------------------------
 RENDEZVOUS_S = 300.0
 """Longest wait for every rank to reach the rendezvous: a rank's start (a process or Ray actor, imports ≈ 10 s, more
 on a loaded machine) is not a collective, and bounding it by the collective timeout failed runs whose ranks
 were merely slow to import."""
 
 
-def join(backend: str, rank: int, world: int, address: str, timeout_s: float) -> None:
-    """Join the trainer's default process group as `rank`: the rendezvous waits up to RENDEZVOUS_S for the other
-    ranks to arrive, every collective afterwards has `timeout_s`."""
+def backend(device: torch.device) -> str:
+    return "gloo" if device.type == "cpu" else "nccl"
+
+
+def join(rank: int, world: int, address: str, timeout_s: float, device: torch.device) -> None:
+    """Join the trainer's default process group as `rank` on `device` (its device set first, and passed as
+    `device_id`: NCCL binds the communicator to it instead of guessing from the rank); the rendezvous waits up to
+    RENDEZVOUS_S for the other ranks to arrive, every collective afterwards has `timeout_s`."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     url = urlparse(address)
     store = dist.TCPStore(url.hostname, url.port, world, rank == 0, timeout=timedelta(seconds=max(RENDEZVOUS_S,
                                                                                                   timeout_s)))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend(device), store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s), device_id=device if device.type == "cuda" else None)
 
 
-@contextlib.contextmanager
-def process_group(backend: str, rank: int, world: int, address: str, timeout_s: float):
-    """The trainer's default process group for the duration of the block."""
-    join(backend, rank, world, address, timeout_s)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+def checkpoint_group(timeout_s: float):
+    """A gloo group of every rank for checkpoint saves and loads, with a timeout of their own: DCP coordinates a save
+    with a few collectives around each rank's own writes, and a slow shared filesystem must not trip the training
+    collectives' limit."""
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def abort() -> None:
+    """Abort the default process group: a collective blocked on a rank that died returns (NCCL) instead of holding
+    this process until the watchdog's timeout."""
+    with contextlib.suppress(Exception):
+        dist.distributed_c10d._abort_process_group()
+
+
+def leave() -> None:
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
