@@ -8,11 +8,10 @@ import pytest
 
 from tba.config import load_config
 from tba.config.schema import TinyModelConfig
-from tba.errors import UserError
 from tba.models.builtin import tiny_config
 from tba.models.shape import builtin_shape
 from tba.run.plan import GB, make_plan, target_machine, vllm_memory_utilization, vllm_shares
-from tba.run.plan.ledger import GPU_HEADROOM
+from tba.run.plan.ledger import GPU_HEADROOM, PlanError
 from tba.run.plan.terms import CUDA_CONTEXT_BYTES
 
 SMALL = ["model.tiny.hidden_size=16", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
@@ -206,7 +205,7 @@ def test_a_vllm_share_smaller_than_its_weights_and_batch_is_refused_and_a_set_sh
 
 
 def test_a_share_of_an_unknown_gpu_cannot_be_set_from_the_plan():
-    with pytest.raises(UserError, match="gpu_memory_utilization: null asks the plan"):
+    with pytest.raises(PlanError, match="gpu_memory_utilization: null asks the plan"):
         vllm_shares(vllm_config(), lambda device: None)
 
 

@@ -51,20 +51,20 @@ def plan(ns: argparse.Namespace) -> int:
     machine = target_machine(ns.gpus, ns.cpu_memory) if ns.gpus or ns.cpu_memory else local_machine()
     result = make_plan(cfg, machine)
     render(result, machine)
-    refusal = result.refusal()
-    if refusal:
-        from tba.run.plan.fix import advice
-
-        print(f"tba: plan: {refusal}", file=sys.stderr)
-        print(f"tba: plan: {advice(cfg, machine)}", file=sys.stderr)
-        return 1
-    unchecked = result.unchecked()
+    refusal, unchecked = result.refusal(), result.unchecked()
     gpus = [d for d in unchecked if d != "cpu"]
-    if gpus or len(unchecked) == len(result.devices):
+    if refusal:
+        print(f"tba: plan: {refusal}", file=sys.stderr)
+    if gpus or len(unchecked) == len(result.devices):  # a partial check is no answer: no change is searched for
         print(f"tba: plan: {', '.join(gpus or unchecked)}: capacity unknown on {machine.label}, not checked; plan "
               "for the target's GPUs with --gpus (e.g. --gpus 8xH100, --gpus 4xA100-80GB, --gpus 2x24GB)",
               file=sys.stderr)
         return 2
+    if refusal:
+        from tba.run.plan.fix import advice
+
+        print(f"tba: plan: {advice(cfg, machine)}", file=sys.stderr)
+        return 1
     return 0
 
 

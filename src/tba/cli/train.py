@@ -48,7 +48,8 @@ def interrupted(cfg) -> int:
 
 
 def check_plan(cfg) -> None:
-    """Refuse, before anything is loaded, a layout that `tba plan` says cannot fit (a PlanError: one line, exit 1).
+    """Refuse, before anything is loaded, a layout that `tba plan` says cannot fit (a PlanError: one line, exit 1,
+    naming the smallest change that fits when there is one).
     A plan that cannot be made (a model's config not available offline, …) never stops the run: one debug line (the
     run itself then says what is missing, if anything; `--debug` shows why the plan was skipped)."""
     from tba.run.plan import PlanError, local_machine, make_plan
@@ -56,13 +57,15 @@ def check_plan(cfg) -> None:
 
     try:
         refusal = make_plan(cfg).refusal()
-        if refusal:
-            hint = advice(cfg, local_machine())
-            refusal = f"{refusal}. {hint[0].upper()}{hint[1:]}"
     except Exception as e:  # noqa: BLE001 — the check may only refuse what it computed, never fail a run itself
         logger.debug(f"memory plan skipped ({type(e).__name__}: {e})")
         return
     if refusal:
+        try:
+            hint = advice(cfg, local_machine())
+            refusal = f"{refusal}. {hint[0].upper()}{hint[1:]}"
+        except Exception as e:  # noqa: BLE001 — a failed search for a fix still refuses what does not fit
+            logger.debug(f"no change that fits was searched for ({type(e).__name__}: {e})")
         raise PlanError(refusal)
 
 

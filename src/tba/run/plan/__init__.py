@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 from tba.config import RunConfig
-from tba.errors import UserError
 from tba.models.shape import model_shape
 from tba.run.plan.ledger import GB, GPU_HEADROOM, DevicePlan, Plan, PlanError, Term, gb
 from tba.run.plan.machine import Capacity, Machine, local_machine, machine_capacity, target_machine
@@ -88,11 +87,11 @@ def make_plan(cfg: RunConfig, capacity: Machine | Capacity | None = None) -> Pla
 def vllm_shares(cfg: RunConfig, machine: Machine | Capacity | None = None) -> dict[int, float]:
     """Searcher rank → the gpu_memory_utilization its vLLM engine runs with, for every vLLM searcher on a GPU whose
     search.vllm.gpu_memory_utilization is null: what the plan leaves it on its device (this machine's, at run time).
-    Raises UserError when a device's capacity cannot be read (set the share yourself then)."""
+    Raises PlanError when a device's capacity cannot be read (set the share yourself then)."""
     plan = make_plan(cfg, machine)
     unknown = sorted(rank for rank, share in plan.vllm_shares.items() if share is None)
     if unknown:
-        raise UserError(f"search.vllm.gpu_memory_utilization: null asks the plan for the share of searcher(s) "
+        raise PlanError(f"search.vllm.gpu_memory_utilization: null asks the plan for the share of searcher(s) "
                         f"{unknown}, but their GPU's memory cannot be read here; set it (e.g. 0.8)")
     return {rank: share for rank, share in plan.vllm_shares.items() if share is not None}
 

@@ -44,6 +44,13 @@ ALIASES = {"H100SXM": "H100", "H100SXM5": "H100", "H10080GB": "H100", "H200SXM":
 Capacity = Callable[[str], "int | None"]
 
 
+class TargetError(UserError):
+    """A `--gpus` or `--cpu-memory` that names no machine: the plan cannot start."""
+
+    label = "plan"
+    exit_code = 2
+
+
 def _key(name: str) -> str:
     return re.sub(r"[^A-Z0-9]", "", name.upper().removeprefix("NVIDIA"))
 
@@ -55,7 +62,7 @@ def parse_size(text: str) -> int:
     """`80GB` (10^9 bytes), `80GiB` (2^30), `512MB`, `1TB`, … → bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT])(I?)B\s*", text.upper())
     if m is None:
-        raise UserError(f"{text!r} is not a size: write it as 80GB (10^9 bytes) or 80GiB (2^30 bytes)")
+        raise TargetError(f"{text!r} is not a size: write it as 80GB (10^9 bytes) or 80GiB (2^30 bytes)")
     power = "KMGT".index(m.group(2)) + 1
     return int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
 
@@ -69,7 +76,7 @@ def parse_gpus(text: str) -> tuple[int | None, int, str]:
     name = _TABLE.get(_key(body))
     if name is None:
         hint = " (A100-40GB or A100-80GB?)" if _key(body) == "A100" else ""
-        raise UserError(f"--gpus {text}: unknown GPU {body!r}{hint}; known: {', '.join(GPUS)}, or a size per GPU "
+        raise TargetError(f"--gpus {text}: unknown GPU {body!r}{hint}; known: {', '.join(GPUS)}, or a size per GPU "
                         "(8x80GB, 2x24GiB)")
     return count, GPUS[name][0], name
 
@@ -125,11 +132,13 @@ def local_machine() -> Machine:
 
 def target_machine(gpus: str | None, cpu_memory: str | None = None) -> Machine:
     """The machine `tba plan --gpus … [--cpu-memory …]` describes (its CPU unknown unless given)."""
-    if gpus is None:
+    try:
         cpu = parse_size(cpu_memory) if cpu_memory else None
+    except TargetError as e:
+        raise TargetError(f"--cpu-memory {cpu_memory}: {e}") from None
+    if gpus is None:
         return Machine(lambda d: cpu if cpu is not None and d == "cpu" else machine_capacity(d))
     count, each, what = parse_gpus(gpus)
-    cpu = parse_size(cpu_memory) if cpu_memory else None
 
     def capacity(device: str) -> int | None:
         if device == "cpu":

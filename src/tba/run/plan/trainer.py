@@ -6,10 +6,11 @@ micro-batch's activations and chunked logits (or, during an evaluation, the eval
 
 Each of N ranks holds 1/N of the masters and of AdamW's moments (model.dtype) for the whole run, and 1/N of π_ref in
 the compute dtype only when the objective owns a reference (TBA′; TB reads the searchers' stored log-probs). Phase by
-phase, never together: an update's gradients (1/N), gathered units in trainer.fsdp.param_dtype and one
-micro-batch's activations and logits; an evaluation's whole policy copy in the compute dtype and its batch's KV
-cache (every rank evaluates a share of the test prompts); a publication's one bucket of gathered weights. The
-controller holds no model on a training device: one host copy of the published tensors in the searchers' dtype.
+phase, never together: an update's gradients (1/N), gathered units in trainer.fsdp.param_dtype (and the largest
+unit's unsharded gradients with their trainer.fsdp.reduce_dtype copy) and one micro-batch's activations and logits;
+an evaluation's whole policy copy in the compute dtype and its batch's KV cache (every rank evaluates a share of the
+test prompts); a publication's one bucket of gathered weights. The controller holds no model on a training device:
+one host copy of the published tensors in the searchers' dtype.
 """
 
 from __future__ import annotations
@@ -116,10 +117,13 @@ def sharded_rank(cfg: RunConfig, shape: ModelShape, ref_shape: ModelShape, promp
     gathered = root_params(shape) + 2 * shape.layer_params if f.reshard_after_forward else shape.params
     unit = max(root_params(shape), shape.layer_params) * b
     bucket = max(int(f.publish_bucket_mb * 1024**2), unit)
+    unit_grads = (max(root_params(shape), shape.layer_params) if not lora else 0) * (c + BYTES[f.reduce_dtype])
     terms += [Term(f"gradients (1/{n} shard)", share(trainable * t_bytes), phase="update"),
               Term(f"gathered parameters ({compute}, "
                    f"{'two layers + root' if f.reshard_after_forward else 'whole model'})",
                    gathered * c, approximate=True, phase="update"),
+              Term(f"one unit's unsharded gradients ({compute}, and their {f.reduce_dtype} copy reduce-scattered)",
+                   unit_grads, approximate=True, phase="update"),
               *_update_terms(cfg, shape, prompt, compute),
               Term(f"evaluation's whole policy copy ({compute})", shape.params * c, phase="evaluation"),
               _eval_kv(cfg, shape, prompt, compute),
