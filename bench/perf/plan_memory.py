@@ -11,7 +11,8 @@ trainer.samples_per_prompt samples, every prompt task.max_prompt_tokens long and
 long (the longest micro-batch the plan assumes). Measured = the child's peak resident memory (ru_maxrss) minus its
 resident memory before the model. Two updates by default: the first allocates AdamW's moments after its backward,
 the second runs its backward with them — the steady state the plan describes. Estimate = the plan's trainer
-occupant less its `process` term (which is what `before the model` measures). Run on an otherwise idle machine.
+occupant at its peak (what it always holds plus its largest phase: tba.run.plan.ledger) less its `process` term
+(which is what `before the model` measures). Run on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ for _ in range(updates):
     trainer.step(draws())
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"before": before, "peak": peak, "measured": peak - before,
-                  "estimate": sum(x.bytes for x in trainer_plan.terms if not x.name.startswith("process")),
+                  "estimate": trainer_plan.bytes - sum(x.bytes for x in trainer_plan.terms
+                                                       if x.name.startswith("process")),
                   "terms": {x.name: x.bytes for x in trainer_plan.terms},
                   "params": sum(p.numel() for p in policy.parameters())}))
 """

