@@ -274,11 +274,13 @@ def searcher_occupants(cfg: RunConfig, shape: ModelShape, ref_shape: ModelShape,
                 terms += [Term("vLLM weights", own.params * b), Term("vLLM KV cache (search.vllm.kv_cache_gb)",
                                                                      int(s.vllm.kv_cache_gb * GB))]
             else:
-                cap = capacity(device)
+                cap, share = capacity(device), s.vllm.gpu_memory_utilization
                 if cap is None:
                     notes.append(f"searcher {p.rank}: vLLM takes gpu_memory_utilization of {device}, unknown here")
-                terms.append(Term(f"vLLM engine ({s.vllm.gpu_memory_utilization:.0%} of the GPU)",
-                                  int(s.vllm.gpu_memory_utilization * (cap or 0))))
+                if share is None:  # the sampler's fallback: 0.9 × what is free when the engine starts
+                    notes.append(f"searcher {p.rank}: search.vllm.gpu_memory_utilization unset: planned as 0.9")
+                    share = 0.9
+                terms.append(Term(f"vLLM engine ({share:.0%} of the GPU)", int(share * (cap or 0))))
         else:
             terms.append(Term(f"policy weights ({cfg.model.dtype})", own.params * b))
             if cfg.model.lora.enabled and g.policy is None:

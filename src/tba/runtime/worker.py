@@ -163,6 +163,13 @@ class Worker:
     def load(self) -> None:
         self.sync_s += self.receiver.poll(self.searcher)
 
+    def idle(self) -> None:
+        """Between batches with nothing to do (waiting to start, or in sync mode to be asked): load newer weights now.
+        The vllm transport needs it — its publish waits for every searcher to take part — and for the others it only
+        moves the load of the next batch's start earlier."""
+        if self.synced and self.receiver.pending(self.searcher):
+            self.load()
+
 
 def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None], placement: list[dict],
                   restarts: int) -> RuntimeReport:
