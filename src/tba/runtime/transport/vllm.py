@@ -77,15 +77,11 @@ def send_timeout_s(nbytes: int) -> float:
 class _Source:
     """vLLM's `WeightSource` contract — `metadata()` agrees with iteration, name for name, in order — over the send in
     progress: one pass over the buckets `start` was given (tensors in the layout's order, which is the trainer's),
-    each tensor also copied into the host copy as it goes by. Tied tensors (one place in the layout) go once: the
-    engine of a tied model ignores the second name."""
+    each tensor also copied into the host copy as it goes by. Every name goes, tied ones too (as `load_weights`
+    hands the engine a whole state dict): whether the engine's model ties them is its config's business."""
 
     def __init__(self, layout: WeightLayout, host: list[torch.Tensor] | None, device: torch.device):
-        seen, self.slots = set(), []
-        for slot in layout.slots:
-            if (slot.dtype, slot.offset, slot.shape) not in seen or not slot.numel:
-                seen.add((slot.dtype, slot.offset, slot.shape))
-                self.slots.append(slot)
+        self.slots = list(layout.slots)
         self.names = {s.name for s in self.slots}
         self.host = layout.views(host) if host is not None else None
         self.device, self.items = device, iter(())
