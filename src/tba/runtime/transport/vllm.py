@@ -54,8 +54,9 @@ from tba.runtime.transport.layout import WeightLayout
 from tba.runtime.worker import SearcherError
 
 PACKED_BYTES = 256 * 2**20
-"""vLLM's packed broadcast buffer (`packed_buffer_size_bytes`): each holds a little over this much, `buffers` of them
-at once on the trainer's GPU during a send, and as many on each worker's."""
+"""vLLM's packed broadcast buffer (`packed_buffer_size_bytes`): each holds a little over this much (it is closed by
+the tensor that passes it), `buffers` of them in flight on the trainer's GPU during a send, besides the tensors
+being packed into the next, and as many on each worker's."""
 POLL_S = 0.002
 
 
@@ -243,6 +244,8 @@ class VLLMSender:
         self.seq += 1
         self.store.set(key, str(self.version))
         self.source.start(buckets)
+        if self.device.type == "cuda":  # vLLM packs on streams of its own: the trainer's last update must be done
+            torch.cuda.synchronize(self.device)
         try:
             self.wait_all(f"{key}/arrived", self.timeout_s, "reach a load point")
         except Exception as e:
@@ -313,18 +316,22 @@ class VLLMReceiver:
     def __init__(self, spec: VLLMSpec, rank: int):
         self.spec, self.offset = spec, spec.offsets[rank]
         self.store = TCPStore(spec.host, spec.port, is_master=False, timeout=timedelta(seconds=spec.timeout_s))
-        self.epoch, self.here, self.joined, self.seq, self.received = -1, False, False, 0, False
+        self.epoch, self.joined, self.seq, self.received = -1, False, 0, False
 
     def load_initial(self, searcher) -> None:
-        """Check in and wait for the group and its first send (the trainer forms it once every member is here)."""
+        """Check in, join the group and take its first send. The trainer forms the group inside its own calls only,
+        the first of which may come after its first evaluation: the wait for it lasts as long as the trainer does
+        (this process ends with it: tba.runtime.lifetime); from the join on, every wait has `timeout_s`."""
         if self.offset is None:
             return
-        deadline = time.monotonic() + self.spec.timeout_s
+        deadline = None
         while not self.received:
             self._serve(searcher, block=True)
-            if time.monotonic() > deadline:
+            if self.joined and deadline is None:
+                deadline = time.monotonic() + self.spec.timeout_s
+            if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"no weights arrived through vLLM's weight transfer within "
-                                   f"{self.spec.timeout_s:.0f}s")
+                                   f"{self.spec.timeout_s:.0f}s of joining its group")
             time.sleep(POLL_S)
 
     def pending(self, searcher) -> bool:
@@ -348,10 +355,10 @@ class VLLMReceiver:
         epoch = int(self.store.get("epoch"))
         try:
             if epoch != self.epoch:
-                self.epoch, self.here, self.joined, self.seq = epoch, True, False, 0
+                self.epoch, self.joined, self.seq = epoch, False, 0
                 self.store.add(f"e{epoch}/here", 1)
             if not self.joined:
-                init = self._wait(f"e{epoch}/init", epoch, block)
+                init = self._wait(f"e{epoch}/init", epoch, block, forever=True)
                 if init is None:
                     return
                 searcher.sampler.weight_group({**json.loads(init), "rank_offset": self.offset})
@@ -381,13 +388,15 @@ class VLLMReceiver:
         self.received = True
         self.store.add(f"{key}/finished", 1)
 
-    def _wait(self, key: str, epoch: int, block: bool, abort: str | None = None) -> bytes | None:
-        """`key`'s value once set; None at once if not `block`, or once `abort` is set or a newer epoch begins."""
-        deadline = time.monotonic() + self.spec.timeout_s
+    def _wait(self, key: str, epoch: int, block: bool, abort: str | None = None,
+              forever: bool = False) -> bytes | None:
+        """`key`'s value once set; None at once if not `block`, or once `abort` is set or a newer epoch begins.
+        Past the spec's `timeout_s` it raises, unless `forever` (the group's init: as long as the trainer lives)."""
+        deadline = None if forever else time.monotonic() + self.spec.timeout_s
         while not self.store.check([key]):
             if not block or (abort and self.store.check([abort])) or int(self.store.get("epoch")) != epoch:
                 return None
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"the trainer's weight transfer stalled: {key} not set within "
                                    f"{self.spec.timeout_s:.0f}s")
             time.sleep(POLL_S)
