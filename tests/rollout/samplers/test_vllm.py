@@ -322,6 +322,16 @@ def test_smollm2_logprob_gap_and_reload_time():
         sampler.close()
 
 
+@needs_vllm
+def test_tensor_parallelism_is_refused_on_a_cpu(tiny_dir, tiny_tokenizer):
+    from tba.errors import UserError
+
+    cfg = _cfg("float32")
+    cfg.search.vllm.tensor_parallel_size = 2
+    with pytest.raises(UserError, match="tensor parallelism is for GPUs"):
+        _sampler(tiny_dir, tiny_tokenizer, cfg)
+
+
 def test_fast_cpu_env_names_only_existing_libraries_and_keeps_the_users_preload(tmp_path):
     env = fast_cpu_env({})
     for path in env.get("LD_PRELOAD", "").split(":") if env else []:

@@ -156,7 +156,7 @@ def _check_tensor_parallel(tp: int, device: torch.device, spec: SamplerSpec) -> 
     if torch.cuda.device_count() < tp:
         raise UserError(f"search.vllm.tensor_parallel_size={tp}: this searcher sees {torch.cuda.device_count()} "
                         f"GPU(s); give it {tp} consecutive devices in search.device")
-    # tba starts searchers as daemon processes (they end with the trainer); multiprocessing refuses a daemon
+    # tba starts searchers as daemon processes (they end with the trainer); multiprocessing gives a daemon no
     # children, and vLLM runs its engine core in one. This process's lifeline still ends it with the trainer.
     multiprocessing.current_process().daemon = False
 
