@@ -129,8 +129,8 @@ def _searcher_main(a: WorkerArgs):
                 try:
                     out_q.put(("groups", tag, (groups, stats)), timeout=0.5)
                     break
-                except queue_lib.Full:
-                    continue
+                except queue_lib.Full:  # the trainer may be waiting for this searcher (vllm transport)
+                    worker.idle()
     except RewardError as e:  # a broken reward function: every restart would fail alike, the run stops
         out_q.put(("fatal", tag, str(e)))
     except BaseException:

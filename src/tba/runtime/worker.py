@@ -164,9 +164,9 @@ class Worker:
         self.sync_s += self.receiver.poll(self.searcher)
 
     def idle(self) -> None:
-        """Between batches with nothing to do (waiting to start, or in sync mode to be asked): load newer weights now.
-        The vllm transport needs it — its publish waits for every searcher to take part — and for the others it only
-        moves the load of the next batch's start earlier."""
+        """Between batches with nothing to do (waiting to start, in sync mode to be asked, for room in a full queue):
+        load newer weights now. The vllm transport needs it — its publish waits for every searcher to take part — and
+        for the others it only moves the next batch's load earlier."""
         if self.synced and self.receiver.pending(self.searcher):
             self.load()
 

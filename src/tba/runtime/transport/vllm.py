@@ -19,21 +19,19 @@ thread at its load points — between batches, every decode step under in-flight
       client.update: u = vLLM's update info ──────────────────────────▶ update_weights(info)  ⇐═ NCCL broadcast
       client.finish: waits finished == S ◀────────────────────────────── finish_weight_update(v); searcher at v
 
-So unlike `shared` and `broadcast`, which stage a copy that the searcher loads later, a publish waits for every
-searcher's next load point (bounded by `timeout_s`, and ended early when a searcher process dies): short with
-search.batching=continuous and weight_update=in_flight (a decode step), up to a batch otherwise.
+So unlike `shared` and `broadcast`, which stage a copy for later, a publish waits for every searcher's next load
+point (bounded by `timeout_s`; at once over when a searcher process dies): a decode step under continuous batching
+with in-flight updates, up to a batch otherwise.
 
-Epochs (membership): a group forms when every member has checked in for the current epoch; the trainer then posts
-vLLM's init info, each searcher joins (vLLM's `init_weight_transfer_engine`) at its next load point, and the trainer
-sends its host copy — the catch-up: the starting weights (published before any searcher exists), or the newest
-after a restart. `rejoin()` (the runtime calls it before replacing a searcher) and a failed send start a new epoch;
-survivors leave the old group at their next load point and check in again. Forming and sending happen only inside
-the trainer's own calls (`publish`, and `check`, which the runtime calls between updates), never in the background.
+Epochs: a group forms once every member has checked in for the current epoch — the trainer posts vLLM's init info,
+each searcher joins (`init_weight_transfer_engine`) at its next load point — and then gets the host copy (the catch-up:
+the starting weights, published before any searcher exists, or the newest after a restart). `rejoin()` (before the
+runtime replaces a searcher) and a failed send start a new epoch. Forming and sending happen only inside the
+trainer's own calls (`publish`; `check`, which the runtime calls between updates), never in the background.
 
-The sender is placement-agnostic (its interface is `publish(named tensors, or an iterable of buckets of them,
-version)`): in the trainer's process (trainer.world_size 1), or in a sharded trainer's rank 0 fed with its gathered
-buckets (then `buffers=1`, so a bucket's pull never overlaps a broadcast in flight). vLLM is imported only when a
-sender or receiver is built.
+The sender is placement-agnostic — `publish(named tensors, or an iterable of buckets of them, version)` — in the
+trainer's process (trainer.world_size 1) or in a sharded trainer's rank 0 fed its gathered buckets (`buffers=1`: a
+bucket's pull never overlaps a broadcast in flight). vLLM is imported only when a sender or receiver is built.
 """
 
 from __future__ import annotations
