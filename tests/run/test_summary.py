@@ -13,7 +13,8 @@ from tba.run.summary import run_summary
 def summary(**totals) -> dict:
     state = RunState(step=300, evals=[Evaluation(0, {"score": 0.25}, 0.0), Evaluation(300, {"score": 0.5}, 9.0)],
                      rewards_seen=[0.1, 0.2], received=170)
-    run = SimpleNamespace(trainer=SimpleNamespace(version=300, skipped_steps=0, sharded=False), task=SimpleNamespace(test=[0] * 20),
+    run = SimpleNamespace(trainer=SimpleNamespace(version=300, skipped_steps=0, sharded=False),
+                          task=SimpleNamespace(test=[0] * 20),
                           buffer=SimpleNamespace(groups_added=40, evicted_prompts=0, data_size=0), data=None,
                           fitted={"prompts_too_long": 0, "prompts_truncated": 0}, identity={"mode": "async"})
     return run_summary(state, run, RunTotals(0, 0, [], 0.5, 10.0, 9.0, **totals))

@@ -178,7 +178,8 @@ def test_gpt2_recipe_has_the_papers_settings():
 
 @pytest.mark.slow
 def test_gpt2_recipe_runs_with_tiny_models_and_an_hf_classifier(tiny_lm, tmp_path):
-    """The paper's GPT-2 recipe end to end, with a tiny attacker/victim and a tiny 'hate' classifier."""
+    """The paper's GPT-2 recipe end to end, with a tiny attacker/victim and a tiny 'hate' classifier (sampling with
+    search.backend=hf: the recipe's vLLM cannot run the tiny attacker's head size on a CPU)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -200,7 +201,7 @@ def test_gpt2_recipe_runs_with_tiny_models_and_an_hf_classifier(tiny_lm, tmp_pat
                  "task.options.min_attack_tokens=2", "search.generations_per_prompt=4", "search.max_new_tokens=8",
                  "buffer.prefill_samples=8", "trainer.samples_per_prompt=4", "trainer.steps=2",
                  "trainer.warmup_steps=0", "eval.samples_per_prompt=2", "eval.max_new_tokens=8",
-                 "logging.progress=false", "model.lora.r=4"])
+                 "logging.progress=false", "model.lora.r=4", "search.backend=hf"])
     assert code == 0
     end = json.loads((out / "summary.json").read_text())["eval_end"]
     assert 0 <= end["attack_success_rate"] <= 100 and 0 <= end["toxicity"] <= 1 and math.isfinite(end["diversity"])

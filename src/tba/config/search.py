@@ -36,12 +36,18 @@ class VLLMConfig:
     kv_cache_gb: float = 1.0
     """CPU only: memory for the KV cache per searcher (vLLM's kv_cache_memory_bytes; an exported
     VLLM_CPU_KVCACHE_SPACE wins)."""
-    gpu_memory_utilization: float = setting(0.3, fraction)
-    """GPU only: share of the device's memory the engine may take (model + KV cache); leave room for the
-    trainer and the reference model when they share the GPU."""
-    enforce_eager: bool = True
-    """No CUDA graphs / torch.compile: start in seconds (CPU start-up compiles otherwise); false on GPUs for
-    throughput on long runs."""
+    gpu_memory_utilization: float | None = setting(None, or_none(fraction))
+    """GPU only: share of the device's memory the engine may take (model + KV cache; vLLM's own setting). None =
+    what the run's plan sets (tba.run.plan), else 0.9 × the memory free on the searcher's GPU when the engine starts
+    (after its π_ref has loaded)."""
+    enforce_eager: bool | None = None
+    """No CUDA graphs / torch.compile. None = true on a CPU (start-up would compile for minutes), false on a GPU
+    (CUDA graphs: decoding's speed on long runs, at a start-up of tens of seconds)."""
+    tensor_parallel_size: int = setting(1, positive)
+    """GPUs per engine (vLLM's tensor parallelism). 1: the engine lives in the searcher's process. k > 1: vLLM's
+    worker processes over k GPUs — searcher i takes k consecutive items of search.device (tba.run.searchers) and
+    its weights must arrive through vLLM's own weight transfer (search.weight_transport=vllm); GPUs, runtime=local,
+    full fine-tuning (not LoRA) only."""
     max_model_len: int | None = None
     """Longest prompt + response the engine plans for. None = task.max_prompt_tokens + search.max_new_tokens."""
     fast_cpu_env: bool = True
@@ -137,8 +143,10 @@ class SearchConfig:
     """N: searcher processes (local) or actors (ray). Each owns a round-robin shard of the train prompts."""
     device: str | None = setting(None, devices)
     """Where each searcher's models live (cpu | cuda | cuda:N | auto), or a comma list that searcher i takes
-    item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0. None = model.device. On
-    Ray each actor sees the GPUs it declared (ray.searcher_gpus) and `cuda` means its own."""
+    item i of (cyclically), e.g. cuda:1,cuda:2,cuda:3 beside a trainer on cuda:0; a vLLM searcher with
+    search.vllm.tensor_parallel_size = k takes k consecutive items (i·k … i·k + k − 1). None = model.device.
+    runtime=local starts each searcher seeing only its own GPU(s) (CUDA_VISIBLE_DEVICES: its cuda:N is cuda:0
+    inside). On Ray each actor sees the GPUs it declared (ray.searcher_gpus) and `cuda` means its own."""
     dtype: str | None = setting(None, or_none(one_of(("float32", "bfloat16", "float16"))))
     """The searchers' models (the sampler's and their π_ref) and the weights a sharded trainer publishes. None = the
     trainer's compute dtype (trainer.fsdp.param_dtype when sharded, else model.dtype) for a searcher on a GPU,
@@ -146,8 +154,10 @@ class SearchConfig:
     threads: int | None = setting(None, positive_or_none)
     """torch threads per searcher. None = an equal share of the cores (inline: all cores)."""
     weight_transport: str = setting("auto", one_of(("auto", *TRANSPORTS)))
-    """How published weights reach searchers (tba.runtime.TRANSPORTS). auto = local: shared (CPU shared memory
-    or CUDA IPC); ray: object_store on CPU, broadcast (NCCL) when the trainer is on a GPU."""
+    """How published weights reach searchers (tba.runtime.TRANSPORTS). auto = local: vllm (vLLM's NCCL weight
+    transfer, straight into each engine) when every synced searcher is a vLLM engine on GPUs other than the
+    trainer's and the policy is not LoRA, else shared (host shared memory, or CUDA IPC when every searcher is on
+    the trainer's GPU); ray: object_store on CPU, broadcast (NCCL) when the trainer is on a GPU."""
     quantize: str = setting("none", one_of(QUANTIZE))
     """Sample from a quantized copy of each published policy: none | int8 | int8_weight | fp8 (tba.rollout.quantize).
     The trainer trains, and π_ref scores, in full precision; the behaviour log-probs are the quantized model's."""

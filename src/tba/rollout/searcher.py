@@ -129,6 +129,11 @@ class Searcher:
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """The trainer's policy after `version` updates (`tba.models.synced_tensors` names), any device/dtype."""
         self.sampler.load_weights(weights, version)
+        self.loaded(version)
+
+    def loaded(self, version: int) -> None:
+        """The sampler holds the trainer's policy after `version` updates now: loaded here, or received by its engine
+        directly (vLLM's weight transfer, tba.runtime.transport.vllm)."""
         self.version = version
         self.stats.loads += 1
 

@@ -33,16 +33,21 @@ class Placement:
 
 def searcher_placements(cfg: RunConfig) -> list[Placement]:
     """Every searcher, group after group: its device is item rank of search.device (or item shard of its group's
-    device list), cyclically, and its settings are its group's, `search`'s where the group leaves them null."""
+    device list), cyclically — a vLLM engine of search.vllm.tensor_parallel_size k takes k consecutive items from
+    item k·rank (k·shard), joined by `+` (`cuda:2+cuda:3`) — and its settings are its group's, `search`'s where the
+    group leaves them null."""
     s, placements = cfg.search, []
     for g in searcher_groups(cfg):
         search = dataclasses.replace(s, temperature=g.temperature or s.temperature, groups=None,
                                      top_p=s.top_p if g.top_p is None else g.top_p, backend=g.backend or s.backend,
                                      quantize=g.quantize or s.quantize)
         devices = [d.strip() for d in (g.device or s.device or cfg.model.device).split(",")]
+        k = s.vllm.tensor_parallel_size if search.backend == "vllm" else 1
         for shard in range(g.num_searchers):
             rank = len(placements)
-            placements.append(Placement(rank, shard, g, search, devices[(shard if g.device else rank) % len(devices)]))
+            first = k * (shard if g.device else rank)
+            device = "+".join(devices[(first + j) % len(devices)] for j in range(k))
+            placements.append(Placement(rank, shard, g, search, device))
     return placements
 
 

@@ -6,11 +6,19 @@ Topology (built in `launch`):
           ▲                                  │  each searcher checks for a newer version between batches
           └──────── groups queue ◀── searcher 0..N-1 (own prompt shard, own sampler, reference)
 
-Transports: `shared` (auto) — flat buffers on the trainer's device, CPU shared memory or CUDA IPC, plus a
-version counter; `broadcast` — a gloo/NCCL group fed by the trainer (tba.runtime.transport.broadcast). No barrier
-anywhere: `publish` copies the weights out of the trainer and returns; a searcher loads the newest version
-(`Searcher.load_weights`) when it finishes its current batch. In sync mode the searchers generate only when
-the loop asks (one batch each per request), which turns the same components into the alternating baseline.
+Devices: each searcher process sees only its own GPU(s) — CUDA_VISIBLE_DEVICES names them (through this process's
+own CUDA_VISIBLE_DEVICES, if set) and its device inside is cuda:0 (`child_devices`) — so vLLM, which takes the first
+visible GPU, runs wherever search.device puts it, and a tensor-parallel engine's k GPUs are its cuda:0..k-1.
+
+Transports: `shared` (auto) — flat buffers in host shared memory, or on the trainer's GPU as CUDA IPC handles when
+every searcher shares that GPU, plus a version counter; `broadcast` — a gloo/NCCL group fed by the trainer
+(tba.runtime.transport.broadcast); `vllm` (auto for vLLM engines on GPUs of their own) — vLLM's NCCL weight
+transfer into each engine (tba.runtime.transport.vllm). With `shared` and `broadcast` there is no barrier:
+`publish` copies the weights out of the trainer and returns; a searcher loads the newest version
+(`Searcher.load_weights`) when it finishes its current batch. With `vllm`, `publish` waits for every searcher's
+next load point (batch boundary, or decode step in flight), and the weights go straight into the engines; idle
+searchers (waiting for `go`, or in sync mode for a request) serve it too. In sync mode the searchers generate only
+when the loop asks (one batch each per request), which turns the same components into the alternating baseline.
 
 Lifecycle: `launch` starts the children (the loop calls it before the trainer's first evaluation), forked from a
 server that has tba imported already (tba.runtime.forkserver) or, with vLLM or supervision.start_method=spawn,
@@ -34,6 +42,7 @@ run.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue as queue_lib
 import signal
@@ -46,13 +55,19 @@ import torch
 import torch.multiprocessing as mp
 
 from tba.algorithm.types import Group
-from tba.models import resolve_device
 from tba.plugins import load_object
 from tba.runtime import forkserver
 from tba.runtime.lifetime import Child, Lifeline
 from tba.runtime.searcher_spec import SearcherSpec
 from tba.runtime.supervision import WorkerRuntime
-from tba.runtime.transport import choose_transport, make_sender
+from tba.runtime.transport import choose_transport, in_host_memory, make_sender
+from tba.runtime.visibility import (
+    check_distinct_gpus,
+    check_vllm_members,
+    child_devices,
+    searcher_gpus,
+    vllm_engine,
+)
 from tba.runtime.worker import RuntimeParts, SearcherError, Worker, build_searcher
 from tba.tasks.base import RewardError
 
@@ -94,11 +109,12 @@ def _searcher_main(a: WorkerArgs):
         if a.spec.synced:  # the newest published weights, whatever `sources` holds (a fixed group keeps its own)
             receiver.load_initial(searcher)
         out_q.put(("ready", tag, None))
+        worker = Worker(searcher, rank, a.spec.synced, receiver)
         while not a.go.wait(0.2):  # launched before the trainer's first evaluation: generate from `start` on
             if stop.is_set() or trainer.gone():
                 out_q.cancel_join_thread()
                 return
-        worker = Worker(searcher, rank, a.spec.synced, receiver)
+            worker.idle()
         while not stop.is_set():
             if trainer.gone():
                 # orphaned: the trainer is gone. Batches already handed to the queue's feeder thread can never
@@ -106,14 +122,15 @@ def _searcher_main(a: WorkerArgs):
                 out_q.cancel_join_thread()
                 return
             if request is not None and not request.acquire(timeout=0.2):
+                worker.idle()
                 continue  # sync mode: wait to be asked
             groups, stats = worker.step()
             while not stop.is_set() and not trainer.gone():  # a full queue whose trainer died: exit
                 try:
                     out_q.put(("groups", tag, (groups, stats)), timeout=0.5)
                     break
-                except queue_lib.Full:
-                    continue
+                except queue_lib.Full:  # the trainer may be waiting for this searcher (vllm transport)
+                    worker.idle()
     except RewardError as e:  # a broken reward function: every restart would fail alike, the run stops
         out_q.put(("fatal", tag, str(e)))
     except BaseException:
@@ -130,9 +147,25 @@ class LocalRuntime(WorkerRuntime):
         self.sync = parts.sync
         self._initial, self._initial_version = parts.weights, parts.version
         device = next(iter(parts.weights.values())).device
-        self.transport_kind = choose_transport(parts.transport, "local", device)
-        if self.transport_kind == "broadcast" and device.type == "cuda":
-            _check_distinct_gpus(self.specs, device)
+        self.gpus = [searcher_gpus(spec.device) for spec in self.specs]
+        members = [spec.synced for spec in self.specs]
+        engines = [spec.sampler.vllm.tensor_parallel_size if vllm_engine(spec) else 0 for spec in self.specs]
+        vllm_engines = any(members) and all(engines[r] and device.index not in self.gpus[r] and self.gpus[r]
+                                            for r in range(self.n) if members[r])
+        self.transport_kind = choose_transport(parts.transport, "local", device, vllm_engines)
+        self.members = [engines[r] if members[r] else 0 for r in range(self.n)]
+        if self.transport_kind == "vllm":
+            check_vllm_members(self.specs, self.members)
+            self.specs = [dataclasses.replace(s, sampler=dataclasses.replace(s.sampler, weight_transfer="nccl"))
+                          if m else s for s, m in zip(self.specs, self.members, strict=True)]
+        elif max(engines, default=0) > 1:
+            raise SearcherError(f"search.vllm.tensor_parallel_size > 1: the engine's workers are reached only by "
+                                f"vLLM's weight transfer, and the transport here is {self.transport_kind}; every "
+                                "synced searcher must be a vLLM engine on GPUs other than the trainer's "
+                                "(search.weight_transport=vllm)")
+        if self.transport_kind in ("broadcast", "vllm") and device.type == "cuda":
+            check_distinct_gpus(self.gpus, device, self.members if self.transport_kind == "vllm" else None)
+        self.in_host = in_host_memory(device, self.gpus)
         self.transport = None
         self._procs: list[Child] = []
         self._incarnation = [0] * self.n
@@ -149,7 +182,8 @@ class LocalRuntime(WorkerRuntime):
             forkserver.start()  # a no-op when `tba train` started it already
         ctx = self._ctx = mp.get_context(self.start_method)
         self.transport = make_sender(self.transport_kind, self._initial, num_searchers=self.n, ctx=ctx,
-                                     timeout_s=self.supervision.ready_timeout_s)
+                                     timeout_s=self.supervision.ready_timeout_s, in_host=self.in_host,
+                                     members=self.members, alive=self._all_alive)
         self.transport.publish(self._initial, self._initial_version)
         self._initial = None  # the trainer's live tensors: copied now, not held
         self.queue = ctx.Queue(maxsize=16 * self.n)
@@ -169,11 +203,12 @@ class LocalRuntime(WorkerRuntime):
         self.go.set()
 
     def _child_env(self, spec: SearcherSpec) -> dict[str, str]:
-        """Variables a searcher process needs from its first instruction, as its backend declares them (vLLM on
-        CPU: LD_PRELOAD, which the dynamic loader reads only when a process starts)."""
-        if spec.sampler.child_env is None:
-            return {}
-        return load_object(spec.sampler.child_env, "search.backend")(spec.sampler, spec.device)
+        """Variables a searcher process needs from its first instruction: the GPUs it may see, and what its backend
+        declares (vLLM on CPU: LD_PRELOAD, which the dynamic loader reads only when a process starts)."""
+        env = child_devices(spec.device, os.environ.get("CUDA_VISIBLE_DEVICES"))[0]
+        if spec.sampler.child_env is not None:
+            env |= load_object(spec.sampler.child_env, "search.backend")(spec.sampler, spec.device)
+        return env
 
     def _spawn(self, rank: int):
         env = self._child_env(self.specs[rank])
@@ -188,8 +223,13 @@ class LocalRuntime(WorkerRuntime):
                 else:
                     os.environ[k] = v
 
+    def _all_alive(self) -> bool:
+        return not any(p.exited() for p in self._procs)
+
     def _start_process(self, rank: int):
-        args = WorkerArgs(self.specs[rank], self._incarnation[rank], self._states[rank], self.transport.spec(),
+        spec = self.specs[rank]
+        spec = dataclasses.replace(spec, device=child_devices(spec.device, None)[1])  # its device inside
+        args = WorkerArgs(spec, self._incarnation[rank], self._states[rank], self.transport.spec(),
                           self.queue, self.stop_event, self.requests[rank], self.go, forkserver.environment(),
                           os.getpid())
         p = self._ctx.Process(target=_searcher_main, name=f"tba-searcher-{rank}", daemon=True, args=(args,))
@@ -314,19 +354,6 @@ class LocalRuntime(WorkerRuntime):
         self._procs = []
         self.queue.close()
         self.queue.cancel_join_thread()
-
-
-def _check_distinct_gpus(specs: list[SearcherSpec], trainer: torch.device) -> None:
-    """NCCL cannot put two ranks on one GPU: a broadcast needs every searcher on a GPU of its own."""
-
-    def index(d: torch.device) -> int | None:
-        return (d.index if d.index is not None else torch.cuda.current_device()) if d.type == "cuda" else None
-
-    shared = [s.rank for s in specs if index(resolve_device(s.device)) == index(trainer)]
-    if shared:
-        raise SearcherError(f"search.weight_transport=broadcast on GPUs (NCCL) needs every searcher on a GPU other "
-                            f"than the trainer's ({trainer}); searcher(s) {shared} share it (search.device). Use "
-                            "weight_transport=shared (CUDA IPC), or give searchers their own GPUs")
 
 
 def build(parts: RuntimeParts) -> LocalRuntime:

@@ -163,6 +163,13 @@ class Worker:
     def load(self) -> None:
         self.sync_s += self.receiver.poll(self.searcher)
 
+    def idle(self) -> None:
+        """Between batches with nothing to do (waiting to start, in sync mode to be asked, for room in a full queue):
+        load newer weights now. The vllm transport needs it — its publish waits for every searcher to take part — and
+        for the others it only moves the next batch's load earlier."""
+        if self.synced and self.receiver.pending(self.searcher):
+            self.load()
+
 
 def worker_report(per_searcher: dict[int, WorkerStats], states: list[dict | None], placement: list[dict],
                   restarts: int) -> RuntimeReport:

@@ -21,7 +21,7 @@ from tba.models import apply_lora, load_model, load_tokenizer, save_checkpoint, 
 from tba.models.builtin import build_tiny_model
 from tba.models.generation import response_logits, response_logprobs
 from tba.models.sources import resolve_source
-from tba.rollout.samplers.vllm import fast_cpu_env
+from tba.rollout.samplers.vllm import engine_settings, fast_cpu_env
 from tba.run.searchers import sampler_spec
 from tba.runtime.worker import build_sampler
 
@@ -322,6 +322,16 @@ def test_smollm2_logprob_gap_and_reload_time():
         sampler.close()
 
 
+@needs_vllm
+def test_tensor_parallelism_is_refused_on_a_cpu(tiny_dir, tiny_tokenizer):
+    from tba.errors import UserError
+
+    cfg = _cfg("float32")
+    cfg.search.vllm.tensor_parallel_size = 2
+    with pytest.raises(UserError, match="tensor parallelism is for GPUs"):
+        _sampler(tiny_dir, tiny_tokenizer, cfg)
+
+
 def test_fast_cpu_env_names_only_existing_libraries_and_keeps_the_users_preload(tmp_path):
     env = fast_cpu_env({})
     for path in env.get("LD_PRELOAD", "").split(":") if env else []:
@@ -346,3 +356,19 @@ def test_hf_forward_is_unchanged_in_a_process_with_the_fast_cpu_preloads(tiny_di
     with torch.no_grad():
         here = load_model(str(tiny_dir)).eval()(input_ids=torch.arange(1, 17)[None] % 20).logits.sum().item()
     assert abs(float(out.stdout.strip().splitlines()[-1]) - here) < 1e-3
+
+
+def test_engine_settings_compile_on_gpus_and_take_the_plans_share_or_nine_tenths_of_what_is_free(monkeypatch):
+    """CUDA mocked (torch.cuda.mem_get_info): eager on a CPU, CUDA graphs on a GPU unless enforce_eager says otherwise;
+    a GPU's share is the plan's number, else 0.9 × free / total measured when the engine starts."""
+    from tba.config.schema import VLLMConfig
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert engine_settings(VLLMConfig(kv_cache_gb=0.5), cpu) == {
+        "enforce_eager": True, "tensor_parallel_size": 1, "kv_cache_memory_bytes": 2**29}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * 2**30, 80 * 2**30))
+    assert engine_settings(VLLMConfig(), gpu) == {"enforce_eager": False, "tensor_parallel_size": 1,
+                                                  "gpu_memory_utilization": 0.675}
+    planned = VLLMConfig(gpu_memory_utilization=0.4, enforce_eager=True, tensor_parallel_size=2)
+    assert engine_settings(planned, gpu) == {"enforce_eager": True, "tensor_parallel_size": 2,
+                                             "gpu_memory_utilization": 0.4}

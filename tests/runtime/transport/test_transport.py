@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tba.runtime.transport import WeightLayout, choose_transport, make_sender
+from tba.runtime.transport import WeightLayout, choose_transport, in_host_memory, make_sender
 from tba.runtime.transport.broadcast import BroadcastSender
 from tba.runtime.worker import SearcherError
 
@@ -112,9 +112,40 @@ def test_layout_round_trips_mixed_dtypes_without_upcasting():
 def test_auto_transport_choice():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert choose_transport("auto", "local", cpu) == choose_transport("auto", "local", gpu) == "shared"
+    assert choose_transport("auto", "local", gpu, vllm_engines=True) == "vllm"  # engines on GPUs of their own
+    assert choose_transport("auto", "local", cpu, vllm_engines=True) == "shared"
     assert choose_transport("auto", "ray", cpu) == "object_store"
     assert choose_transport("auto", "ray", gpu) == "broadcast"
     assert choose_transport("broadcast", "local", cpu) == "broadcast"
+
+
+def test_shared_buffers_are_in_host_memory_unless_every_searcher_is_on_the_trainers_gpu():
+    gpu0 = torch.device("cuda", 0)
+    assert not in_host_memory(gpu0, [[0], [0]])  # CUDA IPC: every searcher can see the trainer's GPU
+    assert in_host_memory(gpu0, [[0], [1]]) and in_host_memory(gpu0, [[1, 2]]) and in_host_memory(gpu0, [[]])
+    assert in_host_memory(torch.device("cpu"), [[0]])
+
+
+def test_a_cuda_buffer_opens_on_this_processs_index_of_the_same_gpu(monkeypatch):
+    """CUDA mocked: the trainer's buffer is on its cuda:3 (UUID GPU-d); a searcher started with CUDA_VISIBLE_DEVICES=3
+    sees that GPU as its cuda:0, so the handle is rebuilt on index 0 — and one that cannot see it is told so."""
+    import torch.multiprocessing.reductions as reductions
+
+    from tba.runtime.transport import CudaBuffer
+
+    class Props:
+        def __init__(self, uuid):
+            self.uuid = uuid
+
+    rebuilt = []
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", lambda *args: rebuilt.append(args) or "tensor")
+    handle = CudaBuffer("GPU-d", ("cls", (4,), (1,), 0, "storage", torch.float32, 3, b"handle"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props(["GPU-d"][i]))
+    assert handle.open() == "tensor" and rebuilt[0][6] == 0 and rebuilt[0][7] == b"handle"
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props(["GPU-b"][i]))
+    with pytest.raises(SearcherError, match="cannot see"):
+        handle.open()
 
 
 def test_shared_transport_delivers_exact_tensors_and_the_latest_version():

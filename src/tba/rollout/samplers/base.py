@@ -28,7 +28,10 @@ class SamplerSpec:
     takes_policy: bool = False
     fresh_process: bool = False
     child_env: str | None = None
-    """The last three: what the backend declares (tba.rollout.samplers.SamplerEntry)."""
+    """These three: what the backend declares (tba.rollout.samplers.SamplerEntry)."""
+    weight_transfer: str | None = None
+    """Set by the runtime when weights reach the engine through its own transfer API rather than `load_weights`:
+    "nccl" for search.weight_transport=vllm (tba.runtime.transport.vllm); None otherwise."""
 
 
 class Sampler(Protocol):

