@@ -10,6 +10,7 @@ when a layout does not fit, the smallest change that does: tba.run.plan.fix.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from tba.config import RunConfig
@@ -22,6 +23,8 @@ from tba.run.plan.trainer import rank_devices, trainer_occupants
 
 __all__ = ["GB", "GPU_HEADROOM", "Machine", "Plan", "PlanError", "gb", "local_machine", "machine_capacity",
            "make_plan", "prompt_tokens", "target_machine", "vllm_memory_utilization", "vllm_shares"]
+
+logger = logging.getLogger(__name__)
 
 
 def _engines(device: DevicePlan, shares: dict[int, float | None]) -> None:
@@ -87,12 +90,13 @@ def make_plan(cfg: RunConfig, capacity: Machine | Capacity | None = None) -> Pla
 def vllm_shares(cfg: RunConfig, machine: Machine | Capacity | None = None) -> dict[int, float]:
     """Searcher rank → the gpu_memory_utilization its vLLM engine runs with, for every vLLM searcher on a GPU whose
     search.vllm.gpu_memory_utilization is null: what the plan leaves it on its device (this machine's, at run time).
-    Raises PlanError when a device's capacity cannot be read (set the share yourself then)."""
+    A searcher whose GPU this process cannot read (a Ray actor's on another node) is left out: its engine takes 0.9 of
+    what is free on its GPU when it starts (tba.rollout.samplers.vllm), which it logs."""
     plan = make_plan(cfg, machine)
     unknown = sorted(rank for rank, share in plan.vllm_shares.items() if share is None)
     if unknown:
-        raise PlanError(f"search.vllm.gpu_memory_utilization: null asks the plan for the share of searcher(s) "
-                        f"{unknown}, but their GPU's memory cannot be read here; set it (e.g. 0.8)")
+        logger.info(f"searcher(s) {unknown}: their GPU's memory cannot be read here; each vLLM engine sizes itself "
+                    "when it starts (0.9 of what is free on its GPU)")
     return {rank: share for rank, share in plan.vllm_shares.items() if share is not None}
 
 

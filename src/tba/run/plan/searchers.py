@@ -60,7 +60,7 @@ def searcher_occupant(cfg: RunConfig, p: Placement, device: str, shape: ModelSha
     if s.backend == "vllm" and device != "cpu":
         need = own.params * b + adapters + kv_bytes(own, sequences, tokens, b)
         engine = Engine(p.rank, need, s.vllm.gpu_memory_utilization)
-        if pending(s.vllm, "tensor_parallel_size", 1) > 1:
+        if s.vllm.tensor_parallel_size > 1:
             notes.append(f"searcher {p.rank}: tensor parallelism is planned as one engine on {device}")
     elif s.backend == "vllm":
         terms += [Term(f"vLLM weights ({dtype})", own.params * b + adapters),
