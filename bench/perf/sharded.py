@@ -4,7 +4,7 @@ the searchers at several bucket sizes.
 
     python -m bench.perf.sharded [--hidden 1536 --layers 24] [--variants plain fsdp1 fsdp2] [--steps 4]
     python -m bench.perf.sharded --smoke          # a tiny model, one update (CI)
-    python -m bench.perf.sharded --device cuda --variants plain fsdp1 --dtype bfloat16   # one GPU
+    python -m bench.perf.sharded --device cuda --variants plain fsdp1 --compute-dtype bfloat16   # one GPU
 
 Each variant runs in a fresh process (`--child`): a Llama-shaped model of random weights is built and saved with a
 small tokenizer, the trainer is made exactly as `tba train` makes it (the one process: tba.run.build.build_trainer,
@@ -76,7 +76,11 @@ def child(args: argparse.Namespace) -> dict:
                              f"search.max_new_tokens={args.response}", f"threads={args.threads}",
                              f"task.max_prompt_tokens={args.prompt}", "task.name=arith", "task.options.digits=2",
                              "task.train_size=64", "task.test_size=8", "eval.batch_size=8", "eval.max_new_tokens=8",
-                             f"trainer.fsdp.publish_bucket_mb={args.buckets[-1]:g}"])
+                             f"trainer.fsdp.publish_bucket_mb={args.buckets[-1]:g}",
+                             # the compute dtype over the masters: FSDP's param_dtype, autocast for one process
+                             *([f"trainer.fsdp.param_dtype={args.compute_dtype}"] if args.compute_dtype else []),
+                             *([f"model.autocast={args.compute_dtype}"] if args.compute_dtype and world == 1
+                               and args.child == "plain" else [])])
     task = build_task(task_spec(cfg))
     tokenizer = train_tokenizer(task.corpus(), 128)
     model = AutoModelForCausalLM.from_config(config).to(getattr(torch, args.dtype))
@@ -94,7 +98,8 @@ def child(args: argparse.Namespace) -> dict:
     else:
         del model
         rank_build = RankBuild(cfg, str(source), str(source), str(source), None, tokenizer.pad_token_id)
-        trainer = build_sharded(cfg, rank_build, threads=args.threads, publish_dtype=args.dtype, run_dir=ckpt)
+        trainer = build_sharded(cfg, rank_build, threads=args.threads,
+                                publish_dtype=args.compute_dtype or args.dtype, run_dir=ckpt)
         evaluator = SpreadEvaluator(task, cfg.eval, trainer.evaluate, trainer.world)
     g = torch.Generator().manual_seed(0)
     draws = [Draw(p, torch.randint(3, args.vocab, (args.prompt,), generator=g).tolist(),
@@ -210,7 +215,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--response", type=int, default=48)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--buckets", type=float, nargs="+", default=[1, 16, 64, 256])
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the master weights'")
+    ap.add_argument("--compute-dtype", default=None, choices=("float32", "bfloat16"),
+                    help="forward and backward over the masters (sharded: trainer.fsdp.param_dtype; one process: "
+                         "model.autocast); default: the masters' dtype")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--results", type=Path, default=RESULTS / "sharded" / "sharded.md")
@@ -239,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                    *(["--intermediate", str(args.intermediate)] if args.intermediate else []),
                    "--prompt", str(args.prompt), "--response", str(args.response),
                    "--steps", str(args.steps), "--dtype", args.dtype, "--device", args.device, "--threads",
-                   str(args.threads), "--buckets", *map(str, args.buckets)]
+                   str(args.threads), "--buckets", *map(str, args.buckets),
+                   *(["--compute-dtype", args.compute_dtype] if args.compute_dtype else [])]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
             if proc.returncode != 0:
                 raise SystemExit(f"variant {variant} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
