@@ -371,6 +371,10 @@ class RunConfig:
             if self.runtime != "local":
                 raise ConfigError(f"{what}: vLLM's weight transfer into engines of their own is runtime=local's "
                                   f"(here {self.runtime})")
+            if self.trainer.world_size > 1:
+                raise ConfigError(f"{what}: a sharded trainer (trainer.world_size > 1) publishes from its controller's "
+                                  "host copy, through search.weight_transport=shared; vLLM's weight transfer from its "
+                                  "rank 0 is not wired: use tensor_parallel_size 1 and weight_transport auto")
             if self.model.lora.enabled:
                 raise ConfigError(f"{what}: a LoRA run publishes adapters, which the searcher merges into the base "
                                   "before its engine loads them; use tensor_parallel_size 1 and weight_transport auto")
