@@ -108,7 +108,12 @@ def test_two_ranks_with_different_response_lengths_run_the_same_forwards(source,
 
 
 def test_two_ranks_train_lora_adapters_as_one_process(source, tiny_tokenizer, tmp_path):
-    cfg = config(source, "model.lora.enabled=true", "model.lora.r=4")
+    """…and evaluate the adapted policy as one process does (each rank makes base + adapters whole)."""
+    from tba.run.searchers import task_spec
+    from tba.tasks.prepare import build_task
+
+    cfg = config(source, "model.lora.enabled=true", "model.lora.r=4", "task.name=arith", "task.options.digits=2",
+                 "task.test_size=8", "eval.max_new_tokens=6")
     start = apply_lora(load_model(str(source)), cfg.model.lora)  # A random, B = 0: the same start for both
     save_checkpoint(start, tiny_tokenizer, tmp_path / "start")
     single = Trainer(copy.deepcopy(start), **trainer_args(cfg, None, tiny_tokenizer.pad_token_id))
@@ -122,6 +127,9 @@ def test_two_ranks_train_lora_adapters_as_one_process(source, tiny_tokenizer, tm
         trainer.save_model(tmp_path / "exported")  # the adapters, as PEFT writes them, over their base
         exported = load_model(str(tmp_path / "exported"))
         assert max(relative(v, mine[k]) for k, v in exported.state_dict().items() if k in mine) <= 1e-5
+        task = build_task(task_spec(cfg))
+        alone = Evaluator(single.model, tiny_tokenizer, task, cfg.eval)()
+        assert SpreadEvaluator(task, cfg.eval, trainer.evaluate, trainer.world)() == pytest.approx(alone)
     finally:
         trainer.close()
 
