@@ -119,14 +119,14 @@ def test_two_ranks_train_lora_adapters_as_one_process(source, tiny_tokenizer):
 
 
 def test_activation_checkpointing_changes_no_update_and_bf16_compute_stays_close(source, tiny_tokenizer):
-    """fsdp.activation_checkpointing recomputes each layer in backward: the same update to 1e-5; bf16 gathered
+    """trainer.activation_checkpointing recomputes each layer in backward: the same update to 1e-5; bf16 gathered
     weights (fsdp.param_dtype) over fp32 master weights: close to the fp32 update, not equal."""
     single = Trainer(load_model(str(source)), **trainer_args(_cfg(source), None, tiny_tokenizer.pad_token_id))
     batches = _batches(2, len(tiny_tokenizer))
     for draws in batches:
         single.step(copy.deepcopy(draws))
     mine = single.model.state_dict()
-    for overrides, bound in ((["trainer.fsdp.activation_checkpointing=true"], 1e-5),
+    for overrides, bound in ((["trainer.activation_checkpointing=true"], 1e-5),
                              (["trainer.fsdp.param_dtype=bfloat16"], 0.2)):
         sharded = build_trainer(_cfg(source, *overrides), load_model(str(source)), None, tiny_tokenizer, str(source))
         try:

@@ -34,7 +34,7 @@ PROCESS_BYTES = int(0.55 * GB)
 of it with the fork server; the plan counts it whole."""
 LOGIT_COPIES = 4
 """The trainer's log-probs hold this many [sequences × response tokens × vocab] float32 tensors at their peak
-(tba.models.generation.response_logits/response_logprobs): the LM head's output, the gathered rows, their ÷ T copy
+(tba.models.logprobs.response_logits/response_logprobs): the LM head's output, the gathered rows, their ÷ T copy
 (kept for log-softmax's backward) and logsumexp's exp. Measured with the activations."""
 SCORING_COPIES = 3
 """A searcher scores its batch under π_ref without gradients: the head's output, the gathered rows, the ÷ T copy."""
@@ -111,7 +111,7 @@ class Plan:
         return ("the run does not fit in memory (`tba plan` shows every term): " + "; ".join(lines)
                 + ". Change one of: trainer.world_size (shard the trainer over more ranks), model.lora.enabled=true, "
                   "trainer.fsdp.param_dtype=bfloat16, a smaller trainer.micro_batch_prompts, "
-                  "trainer.fsdp.activation_checkpointing=true, fewer searchers on that device (search.device, "
+                  "trainer.activation_checkpointing=true, fewer searchers on that device (search.device, "
                   "search.num_searchers); or pass --ignore-plan")
 
 
@@ -213,7 +213,7 @@ def trainer_occupants(cfg: RunConfig, shape: ModelShape, ref_shape: ModelShape, 
     mb_prompts = min(t.micro_batch_prompts, t.prompts_per_step // n)
     sequences, tokens = mb_prompts * t.samples_per_prompt, prompt + cfg.search.max_new_tokens
     train = activation_bytes(shape, sequences, tokens, cfg.search.max_new_tokens, param_bytes if n > 1 else b,
-                             f.activation_checkpointing and n > 1)
+                             t.activation_checkpointing and n > 1)
     evaluation = kv_bytes(shape, cfg.eval.batch_size, prompt + cfg.eval.max_new_tokens, b)
     owns = OBJECTIVES[cfg.objective].owns_reference
     out = []
@@ -238,7 +238,7 @@ def trainer_occupants(cfg: RunConfig, shape: ModelShape, ref_shape: ModelShape, 
                               "activations)", evaluation, approximate=True))
         else:
             terms.append(Term(f"activations + logits ({sequences} sequences × {tokens} tokens"
-                              f"{', checkpointed' if f.activation_checkpointing and n > 1 else ''})", train,
+                              f"{', checkpointed' if t.activation_checkpointing and n > 1 else ''})", train,
                               approximate=True))
         if r == 0:
             terms.append(Term("π_ref (frozen copy)", ref_shape.params * b))
@@ -250,7 +250,7 @@ def trainer_occupants(cfg: RunConfig, shape: ModelShape, ref_shape: ModelShape, 
         if r == 0 and n > 1:
             out.append((device, Occupant("rank 0's unsharded policy (evaluation, publication)",
                                          [Term(f"parameters ({m.dtype})", shape.params * b)])))
-    if n > 1 and f.activation_checkpointing is False and mb_prompts < t.micro_batch_prompts:
+    if n > 1 and t.activation_checkpointing is False and mb_prompts < t.micro_batch_prompts:
         notes.append(f"each rank trains B/N = {t.prompts_per_step // n} prompts: micro-batches of {mb_prompts}")
     return out
 

@@ -37,20 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from tba.config.fsdp import FSDPConfig
 from tba.models import DTYPES
-
-
-def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's decoder layers: modules of a class its `_no_split_modules` names (HF's own list of what must
-    not be split across devices), under a PEFT wrapper too."""
-    base = model
-    while not isinstance(getattr(base, "_no_split_modules", None), (list, set, tuple)):
-        inner = getattr(base, "base_model", None) or getattr(base, "model", None)
-        if inner is None or inner is base:
-            raise ValueError(f"cannot shard {type(model).__name__}: it names no decoder layer class "
-                             "(_no_split_modules), which FSDP units are made of")
-        base = inner
-    names = set(base._no_split_modules)
-    return [m for m in model.modules() if type(m).__name__ in names]
+from tba.models.recompute import decoder_layers
 
 
 def shard(model: torch.nn.Module, cfg: FSDPConfig, *, dtype: str, device: torch.device) -> torch.nn.Module:
@@ -58,14 +45,7 @@ def shard(model: torch.nn.Module, cfg: FSDPConfig, *, dtype: str, device: torch.
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     param = DTYPES[cfg.param_dtype or dtype]
     policy = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=DTYPES[cfg.reduce_dtype])
-    layers = _layers(model)
-    if cfg.activation_checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-
-        kinds = tuple({type(m) for m in layers})
-        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, kinds))
-        layers = _layers(model)
-    for layer in layers:
+    for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
     return model
