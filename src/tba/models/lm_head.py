@@ -10,11 +10,12 @@ would compute logits; the scorer returns what its caller wants instead — each 
 (`token_logprobs`, differentiable), or the hidden states themselves (evaluation's full-vocabulary KL). Inside the
 forward, everything that wraps it sees the head used as usual: FSDP's gathers of the root's weights, autocast, PEFT.
 
-Backward of a plain `nn.Linear` head (every HF causal LM's, tied or not) is `_TokenLogprobs`: the logits of one
-chunk are recomputed and turned into their gradient in place, (onehot(y) − softmax(z))·g/T — one [chunk, V] float32
-tensor alive at a time in backward (two in forward: the logits and logsumexp's exp). Any other head (PEFT's
-ModulesToSaveWrapper, a LoRA'd head) is scored under `torch.utils.checkpoint`, one chunk at a time: generic, and a
-few more [chunk, V] copies at the peak (bench/perf/update_memory.py measures both).
+A plain `nn.Linear` head (every HF causal LM's, tied or not) is scored by `_TokenLogprobs`: one [chunk, V] float32
+tensor alive at a time, in forward (the logits; their logsumexp taken in place) and in backward (the logits
+recomputed and turned into their gradient in place, (onehot(y) − softmax(z/T))·g/T); under autocast also the head's
+output, and the gradient, in the compute dtype. Any other head (PEFT's ModulesToSaveWrapper, a LoRA'd head) is
+scored under `torch.utils.checkpoint`, one chunk at a time: generic, with up to four [chunk, V] float32 tensors
+alive in backward (bench/perf/update_memory.py compares the two).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def _logits(hidden, weight, bias, temperature):
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
+def _logsumexp_(x: torch.Tensor) -> torch.Tensor:
+    """torch.logsumexp(x, -1) in x's own memory (x is overwritten): the same operations as torch's (max, exp of the
+    difference, sum, log, plus the max), without its temporary copy of x."""
+    m = x.amax(-1, keepdim=True)
+    m.masked_fill_(m.abs() == torch.inf, 0)
+    return x.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))
+
+
 class _TokenLogprobs(torch.autograd.Function):
     """log softmax((h Wᵀ + b) / T)[y] for M rows, chunked, for a plain linear head; backward recomputes each chunk's
     logits (under the forward's autocast) and saves only h, y and the M logsumexps."""
@@ -105,8 +114,9 @@ class _TokenLogprobs(torch.autograd.Function):
         lse = torch.empty_like(out)
         for s in range(0, hidden.shape[0], chunk):
             logits = _logits(hidden[s:s + chunk], weight, bias, temperature)  # [c, V]
-            lse[s:s + chunk] = torch.logsumexp(logits, -1)
-            out[s:s + chunk] = logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
+            picked = logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
+            lse[s:s + chunk] = _logsumexp_(logits)
+            out[s:s + chunk] = picked - lse[s:s + chunk]
             del logits
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         return out
