@@ -261,3 +261,35 @@ def test_activation_checkpointing_keeps_the_shared_prompt_forward(tiny_model, ti
                       cfg, beta=beta_schedule(TBConfig()), temperature=0.7, pad_id=tiny_tokenizer.pad_token_id)
     assert trainer.shared_prompts
     assert all(isinstance(m.__dict__.get("forward"), functools.partial) for m in decoder_layers(trainer.model))
+
+
+def test_the_default_recipes_update_is_the_plain_one_to_float_rounding():
+    """The default recipe's shape (the builtin model, 8 groups × 8 samples of 32-token responses per micro-batch:
+    2048 positions, two chunks of the default 1024): the weights after 3 updates within 1e-6 per tensor of the
+    plain path's — the head's gradient is summed chunk by chunk, a different rounding, nothing more."""
+    from transformers import AutoModelForCausalLM
+
+    from tba.algorithm.types import Sample
+    from tba.config import load_config
+    from tba.models.builtin import tiny_config
+    from tba.run.build import trainer_args
+
+    cfg = load_config(None, [])
+    t, new = cfg.trainer, cfg.search.max_new_tokens
+    vocab = cfg.model.tiny.vocab_size
+    g = torch.Generator().manual_seed(0)
+    draws = [Draw(i, torch.randint(3, vocab, (12,), generator=g).tolist(),
+                  [Sample(torch.randint(3, vocab, (new,), generator=g).tolist(), [-1.0] * new, float(j % 2), 0)
+                   for j in range(t.samples_per_prompt)], True) for i in range(t.prompts_per_step)]
+    assert t.micro_batch_prompts * t.samples_per_prompt * new > t.logprob_chunk_tokens  # more than one chunk
+
+    def updated(chunk):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(tiny_config(cfg.model.tiny, vocab, bos=1, eos=2, pad=0))
+        args = trainer_args(cfg, None, 0)
+        trainer = Trainer(model, **{**args, "cfg": dataclasses.replace(t, logprob_chunk_tokens=chunk)})
+        for _ in range(3):
+            trainer.step(draws)
+        return _params(model)
+
+    assert _worst(updated(t.logprob_chunk_tokens), updated(0)) <= 1e-6  # 1.1e-8 on this machine
