@@ -213,8 +213,10 @@ def test_autocast_computes_the_forward_in_bfloat16_and_keeps_float32_weights(tin
 
 
 def _updated(model, tok, draws, objective="tb", updates=3, **overrides) -> dict[str, torch.Tensor]:
-    """The weights after `updates` updates on the same draws, with trainer settings `overrides`."""
-    cfg = TrainerConfig(steps=10, lr=1e-2, prompts_per_step=4, samples_per_prompt=K, micro_batch_prompts=2,
+    """The weights after `updates` updates on the same draws, with trainer settings `overrides`. lr 1e-3: AdamW's
+    per-element step turns float rounding in near-zero gradient entries into steps of up to lr, so a larger lr
+    compares the rounding more than the update (at 1e-2, split against whole reached 6e-6 here)."""
+    cfg = TrainerConfig(steps=10, lr=1e-3, prompts_per_step=4, samples_per_prompt=K, micro_batch_prompts=2,
                         max_grad_norm=1.0, **overrides)
     own = (ResettingReference(copy.deepcopy(model), 2, cfg.logprob_chunk_tokens)
            if OBJECTIVES[objective].owns_reference else None)

@@ -53,9 +53,16 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-@pytest.mark.parametrize("objective", ["tb", "tba_prime"])
-def test_two_ranks_update_as_one_process(source, tiny_tokenizer, objective):
-    cfg = _cfg(source, f"objective={objective}", "baselines.reference_reset_steps=2", "trainer.max_grad_norm=1.0")
+SPLIT_CHUNKED = ["trainer.micro_batch_samples=1", "trainer.logprob_chunk_tokens=3"]
+
+
+@pytest.mark.parametrize("objective, extra", [("tb", []), ("tba_prime", []), ("tb", SPLIT_CHUNKED)],
+                         ids=["tb", "tba_prime", "tb-split-chunked"])
+def test_two_ranks_update_as_one_process(source, tiny_tokenizer, objective, extra):
+    """`extra` on both sides: each group split over forwards, the log-probs chunked 3 positions at a time (that these
+    equal whole groups and the plain path in one process: tests/algorithm/test_trainer.py)."""
+    cfg = _cfg(source, f"objective={objective}", "baselines.reference_reset_steps=2", "trainer.max_grad_norm=1.0",
+               *extra)
     single = Trainer(load_model(str(source)), **trainer_args(cfg, load_model(str(source)).eval(),
                                                              tiny_tokenizer.pad_token_id))
     whole = load_model(str(source))
