@@ -209,10 +209,11 @@ class Trainer:
         tally.add_tb_residuals(logp, ref, reward.to(logp.dtype), group, beta)
         if len(splits) == 1:
             self.backward(loss)
-        for split in splits if len(splits) > 1 else ():
-            live = self._score(micro, split, reference=False)[0]
-            self.backward(loss_of(torch.cat([logp_tok[:split.start], F.pad(live, (0, width - live.shape[1])),
-                                             logp_tok[split.stop:]])))
+        else:
+            for split in splits:
+                live = self._score(micro, split, reference=False)[0]
+                self.backward(loss_of(torch.cat([logp_tok[:split.start], F.pad(live, (0, width - live.shape[1])),
+                                                 logp_tok[split.stop:]])))
         tally.loss += loss.item()
         tally.tokens += int(mask.sum().item()) + sum(len(d.prompt_tokens) * len(d.samples) for d in micro)
         tally.logp += logp.sum().item()
