@@ -56,7 +56,7 @@ def sampler_patched(sample_temperature: float | None, report_scoring_logprobs: b
     are those of the distribution it drew from, or (`report_scoring_logprobs`) those at the run's T: the
     mismatch. The class is restored afterwards — pool workers run many jobs, and a patch left in place would
     leak into the next (it did, in a first grid that had to be rerun)."""
-    from tba.models.generation import response_logprobs
+    from tba.models.logprobs import response_logprobs
     from tba.rollout.samplers.hf import HFSampler
 
     original = HFSampler.generate

@@ -34,7 +34,7 @@ from bench.perf.quantized_sampler import load
 from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw
 from tba.models import precision
-from tba.models.generation import shared_prompt_logprobs
+from tba.models.logprobs import shared_prompt_logprobs
 from tba.rollout.evaluate import greedy_accuracy
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher

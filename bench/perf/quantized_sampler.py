@@ -45,7 +45,7 @@ from bench.lib.header import header
 from bench.lib.paths import RESULTS
 from bench.lib.smoke import SMOKE_OVERRIDES
 from tba.models import synced_tensors
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
 from tba.rollout.quantize import _quiet_import, _torchao
 from tba.rollout.samplers.hf import HFSampler
 from tba.tasks.base import batch_rewards

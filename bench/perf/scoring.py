@@ -25,8 +25,8 @@ import torch
 from bench.lib.header import header
 from bench.lib.paths import RESULTS
 from bench.perf.continuous import SMOKE, make
-from tba.models.generation import CALL_OVERHEAD, shared_prompt_logprobs
 from tba.models.length_buckets import length_buckets
+from tba.models.logprobs import CALL_OVERHEAD, shared_prompt_logprobs
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 

@@ -36,7 +36,7 @@ SETTINGS = {
     "static, bfloat16 autocast": ["search.batching=static", "search.weight_update=between_batches",
                                   "model.autocast=bfloat16"],
 }
-"""The last two change the trainer's side (tba.models.generation.grouped_logprobs, tba.models.precision): what
+"""The last two change the trainer's side (tba.models.logprobs.grouped_logprobs, tba.models.precision): what
 a faster part of the pair is worth when searcher and trainer share the machine's cores."""
 SMOKE = ["trainer.steps=4", "sft.steps=2"]
 

@@ -34,7 +34,7 @@ from bench.lib.paths import RESULTS
 from bench.perf.quantized_sampler import load
 from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw
-from tba.models.generation import shared_prompt_logprobs
+from tba.models.logprobs import shared_prompt_logprobs
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 from tba.run.build import trainer_args

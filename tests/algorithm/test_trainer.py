@@ -1,7 +1,9 @@
-"""The trainer: LR schedules by hand, one TB update, skipping non-finite steps, gradient accumulation."""
+"""The trainer: LR schedules by hand, one TB update, skipping non-finite steps, gradient accumulation, prompt groups
+split over forwards, the chunked LM head and activation checkpointing against the plain update."""
 
 import copy
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -13,7 +15,8 @@ from tba.algorithm.objectives.tba_prime import ResettingReference
 from tba.algorithm.trainer import Trainer, lr_factor
 from tba.algorithm.types import Draw
 from tba.config.schema import BaselineConfig, SearchConfig, TBConfig, TrainerConfig
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
+from tba.models.recompute import decoder_layers
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 
@@ -207,3 +210,88 @@ def test_autocast_computes_the_forward_in_bfloat16_and_keeps_float32_weights(tin
     assert mixed.version == 1 and mixed.skipped_steps == 0
     assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
     assert all(v.dtype == torch.float32 for s in mixed.optimizer.state.values() for v in s.values() if v.ndim)
+
+
+def _updated(model, tok, draws, objective="tb", updates=3, **overrides) -> dict[str, torch.Tensor]:
+    """The weights after `updates` updates on the same draws, with trainer settings `overrides`. lr 1e-3: AdamW's
+    per-element step turns float rounding in near-zero gradient entries into steps of up to lr, so a larger lr
+    compares the rounding more than the update (at 1e-2, split against whole reached 6e-6 here)."""
+    cfg = TrainerConfig(steps=10, lr=1e-3, prompts_per_step=4, samples_per_prompt=K, micro_batch_prompts=2,
+                        max_grad_norm=1.0, **overrides)
+    own = (ResettingReference(copy.deepcopy(model), 2, cfg.logprob_chunk_tokens)
+           if OBJECTIVES[objective].owns_reference else None)
+    trainer = Trainer(copy.deepcopy(model), OBJECTIVES[objective].bind(TBConfig(), BaselineConfig(), max_tokens=8),
+                      cfg, beta=beta_schedule(TBConfig(beta_init=0.05, beta_final=0.05)), temperature=0.7,
+                      pad_id=tok.pad_token_id, reference=own)
+    for _ in range(updates):
+        assert trainer.step(draws)["trainer/skipped"] == 0.0
+    return _params(trainer.model)
+
+
+def _worst(a: dict, b: dict) -> float:
+    """The largest per-tensor relative difference ‖a − b‖ / ‖b‖."""
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)).item() for k in b)
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_split_prompt_groups_give_the_unsplit_updates(tiny_model, tiny_tokenizer, draws, objective):
+    """trainer.micro_batch_samples = 3 < K = 4: every group is split over forwards (3 + 1, 2 + 2, 1 + 3 samples), yet
+    log Ẑ, TBA′'s group means of KL̂, RLOO's leave-one-out baselines and online DPO's pairs stay the whole group's:
+    the weights after 3 updates equal the unsplit ones to 1e-5 per tensor, for every objective."""
+    whole = _updated(tiny_model, tiny_tokenizer, draws, objective)
+    for shared in (True, False):
+        split = _updated(tiny_model, tiny_tokenizer, draws, objective, micro_batch_samples=3, shared_prompts=shared)
+        assert _worst(split, whole) <= 1e-5, (shared, _worst(split, whole))
+    assert _worst(whole, _params(tiny_model)) > 1e-3  # the updates did move the weights
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_prompts", "per_sample"])
+def test_chunked_logprobs_and_activation_checkpointing_change_no_update(tiny_model, tiny_tokenizer, draws, shared):
+    """The default chunked LM head (trainer.logprob_chunk_tokens), a chunk of 5 positions, and activation
+    checkpointing (with shared prompts: still used) against the plain [N, R, V] path: the same weights after
+    3 updates to 1e-6 per tensor."""
+    plain = _updated(tiny_model, tiny_tokenizer, draws, logprob_chunk_tokens=0, shared_prompts=shared)
+    for overrides in ({}, {"logprob_chunk_tokens": 5}, {"activation_checkpointing": True}):
+        ours = _updated(tiny_model, tiny_tokenizer, draws, shared_prompts=shared, **overrides)
+        assert _worst(ours, plain) <= 1e-6, (overrides, _worst(ours, plain))
+
+
+def test_activation_checkpointing_keeps_the_shared_prompt_forward(tiny_model, tiny_tokenizer):
+    cfg = TrainerConfig(activation_checkpointing=True)
+    trainer = Trainer(copy.deepcopy(tiny_model), OBJECTIVES["tb"].bind(TBConfig(), BaselineConfig(), max_tokens=8),
+                      cfg, beta=beta_schedule(TBConfig()), temperature=0.7, pad_id=tiny_tokenizer.pad_token_id)
+    assert trainer.shared_prompts
+    assert all(isinstance(m.__dict__.get("forward"), functools.partial) for m in decoder_layers(trainer.model))
+
+
+def test_the_default_recipes_update_is_the_plain_one_to_float_rounding():
+    """The default recipe's shape (the builtin model, 8 groups × 8 samples of 32-token responses per micro-batch:
+    2048 positions, two chunks of the default 1024): the weights after 3 updates within 1e-6 per tensor of the
+    plain path's — the head's gradient is summed chunk by chunk, a different rounding, nothing more."""
+    from transformers import AutoModelForCausalLM
+
+    from tba.algorithm.types import Sample
+    from tba.config import load_config
+    from tba.models.builtin import tiny_config
+    from tba.run.build import trainer_args
+
+    cfg = load_config(None, [])
+    t, new = cfg.trainer, cfg.search.max_new_tokens
+    vocab = cfg.model.tiny.vocab_size
+    g = torch.Generator().manual_seed(0)
+    draws = [Draw(i, torch.randint(3, vocab, (12,), generator=g).tolist(),
+                  [Sample(torch.randint(3, vocab, (new,), generator=g).tolist(), [-1.0] * new, float(j % 2), 0)
+                   for j in range(t.samples_per_prompt)], True) for i in range(t.prompts_per_step)]
+    assert t.micro_batch_prompts * t.samples_per_prompt * new > t.logprob_chunk_tokens  # more than one chunk
+
+    def updated(chunk):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(tiny_config(cfg.model.tiny, vocab, bos=1, eos=2, pad=0))
+        args = trainer_args(cfg, None, 0)
+        trainer = Trainer(model, **{**args, "cfg": dataclasses.replace(t, logprob_chunk_tokens=chunk)})
+        for _ in range(3):
+            trainer.step(draws)
+        return _params(model)
+
+    assert _worst(updated(t.logprob_chunk_tokens), updated(0)) <= 1e-6  # 1.1e-8 on this machine

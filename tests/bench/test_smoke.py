@@ -53,6 +53,7 @@ SCRIPTS = [
     pytest.param("bench.perf.autocast_drift", "--results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.plan_memory", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sharded", "--results {tmp}/result.md", "result.md"),
+    pytest.param("bench.perf.update_memory", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sampler", "--backends raw before hf --results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.soak", "--out {tmp}/result", "result.md", marks=slow),
     pytest.param("bench.perf.first_run", "--results {tmp}/result.md", "result.md", marks=[slow, no_venv]),

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tba.models.continuous import ContinuousBatch
-from tba.models.generation import generate, response_logprobs
+from tba.models.generation import generate
+from tba.models.logprobs import response_logprobs
 
 TEXTS = ["1+2=", "57+68=", "99+1=", "40+33=", "7+7=", "123+456="]
 
@@ -35,7 +36,7 @@ def engine_of(model, tok, slots, **kw):
 def test_without_early_ends_it_returns_exactly_the_static_loops_samples(family, tiny_model, tiny_tokenizer, prompts):
     """No EOS can end a row (its logit is masked by a huge negative bias), all rows admitted at once: the same
     tokens and log-probs as `generate` under the same seed."""
-    from test_generation import _family
+    from families import family as _family
 
     model = tiny_model if family == "tiny" else _family(family, tiny_tokenizer)
     tok, s, n = tiny_tokenizer, 3, 12
@@ -160,7 +161,7 @@ def test_resumes_admitted_together_share_one_forward_with_each_episodes_logprobs
     """Episodes of different prompt lengths whose turns end apart and whose 'environment' answers differ in length
     resume in one admission (refill = every slot): one forward extends all their caches (gaps masked, positions
     per row), and every policy token's log-prob is still a forward over the whole episode from scratch."""
-    from test_generation import _family
+    from families import family as _family
 
     model = tiny_model if family == "tiny" else _family(family, tiny_tokenizer)
     tok, t, budget, turns = tiny_tokenizer, 0.9, 4, 3

@@ -8,14 +8,8 @@ samples hit EOS: both the EOS-terminated and the truncated cases occur under a f
 import pytest
 import torch
 
-from tba.models.generation import generate, response_logprobs
-
-TEXTS = ["1+2=", "57+68=", "99+1=", "40+33="]  # different lengths: left padding is exercised
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_tokenizer):
-    return [tiny_tokenizer(t)["input_ids"] for t in TEXTS]
+from tba.models.generation import generate
+from tba.models.logprobs import response_logprobs
 
 
 def _sample(model, tok, prompts, *, num_samples, temperature=1.0, max_new_tokens=16, seed=0):
@@ -80,78 +74,10 @@ def test_behaviour_logprobs_equal_trainer_logprobs_of_the_same_responses(
     assert torch.equal(mask.sum(-1), torch.tensor([float(len(r)) for r in responses]))
 
 
-def test_response_logprobs_match_a_direct_log_softmax(tiny_model, prompts):
-    prompt, response = prompts[1], [5, 9, 2]
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logp, mask = response_logprobs(tiny_model, [prompt], [response], 0.7, pad_id=0)
-        full = torch.log_softmax(tiny_model(ids).logits[0] / 0.7, -1)  # [L, V]
-    expected = torch.stack([full[len(prompt) - 1 + t, tok] for t, tok in enumerate(response)])
-    torch.testing.assert_close(logp[0], expected, atol=1e-5, rtol=0)
-    assert mask.tolist() == [[1.0, 1.0, 1.0]]
-
-
-def test_response_logprobs_do_not_depend_on_batch_composition(tiny_model, tiny_tokenizer, prompts):
-    pad = tiny_tokenizer.pad_token_id
-    short_prompt, short_response = prompts[0], [7, 3]
-    with torch.no_grad():
-        alone, _ = response_logprobs(tiny_model, [short_prompt], [short_response], 0.7, pad)
-        batched, mask = response_logprobs(
-            tiny_model, [prompts[3], short_prompt, prompts[1]],
-            [[4, 4, 5, 6, 7, 8, 9], short_response, [3, 2]], 0.7, pad)
-    assert batched.shape == (3, 7)
-    torch.testing.assert_close(batched[1, :2], alone[0], atol=1e-5, rtol=0)
-    assert mask[1].tolist() == [1, 1, 0, 0, 0, 0, 0] and mask[2].tolist() == [1, 1, 0, 0, 0, 0, 0]
-    assert torch.all(batched[mask == 0] == 0)  # padded positions hold exactly 0
-
-
-def test_logits_are_computed_only_from_the_earliest_response_on_and_still_match(tiny_model, prompts):
-    """response_logits asks the model for the last L − (shortest prompt − 1) positions only; rows whose prompts
-    are longer must still read the right positions."""
-    batch = [(list(range(3, 6)), [7, 8]), (list(range(3, 12)), [9, 4, 5]), (list(range(3, 8)), [6])]
-    assert len({len(p) for p, _ in batch}) == 3
-    with torch.no_grad():
-        together, _ = response_logprobs(tiny_model, [p for p, _ in batch], [r for _, r in batch], 1.0, pad_id=0)
-        for i, (p, r) in enumerate(batch):
-            full = torch.log_softmax(tiny_model(torch.tensor([p + r])).logits[0], -1)
-            expected = torch.stack([full[len(p) - 1 + t, tok] for t, tok in enumerate(r)])
-            torch.testing.assert_close(together[i, :len(r)], expected, atol=1e-5, rtol=0)
-
-
 # ---- the decode loop across model families --------------------------------------------------------------------
 # The loop drives the model's forward itself (prefill once, slot KV cache, GQA decode attention, dropped finished
 # rows), so each family the recipes use is checked against transformers: Llama (also grouped-query, as SmolLM2),
 # GPT-2 (red-teaming), GPT-NeoX (TL;DR / Pythia) and a PEFT LoRA wrapper with non-zero adapters.
-
-def _family(name: str, tok):
-    from transformers import AutoModelForCausalLM, GPT2Config, GPTNeoXConfig, LlamaConfig
-
-    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-               pad_token_id=tok.pad_token_id)
-    small = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, max_position_embeddings=128,
-                 initializer_range=0.3)  # sharp enough that greedy never meets a near-tie
-    config = {
-        "llama-gqa": lambda: LlamaConfig(**ids, **small, num_attention_heads=4, num_key_value_heads=2),
-        "gpt2": lambda: GPT2Config(**ids, n_embd=32, n_layer=2, n_head=2, n_positions=128, initializer_range=0.3),
-        "gpt-neox": lambda: GPTNeoXConfig(**ids, **small, num_attention_heads=2),
-    }
-    torch.manual_seed(0)
-    if name == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        base = AutoModelForCausalLM.from_config(config["llama-gqa"]())
-        lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
-        return get_peft_model(base, lora).eval()
-    return AutoModelForCausalLM.from_config(config[name]()).eval()
-
-
-FAMILIES = ["llama-gqa", "gpt2", "gpt-neox", "lora"]
-
-
-@pytest.fixture(scope="module", params=FAMILIES)
-def family_model(request, tiny_tokenizer):
-    return _family(request.param, tiny_tokenizer)
-
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_every_family_samples_with_the_trainers_logprobs(family_model, tiny_tokenizer, prompts, top_p):
@@ -239,78 +165,3 @@ def test_the_decode_loop_passes_the_cache_under_the_name_transformers_expects(ti
         warnings.simplefilter("error")
         _sample(tiny_model, tiny_tokenizer, prompts, num_samples=2, max_new_tokens=4)
     assert "deprecated" not in capfd.readouterr().err
-
-
-@pytest.fixture(params=["one forward", "length buckets"])
-def buckets(request, monkeypatch):
-    """grouped_logprobs as it runs on these short responses (one forward), and split into length buckets as on
-    long-tailed ones (no cost per forward, so every distinct length its own bucket)."""
-    from tba.models import generation
-
-    if request.param == "length buckets":
-        real = generation.length_buckets
-
-        def split(lengths, overhead):
-            runs = real(lengths, 0)
-            assert len(runs) > 1
-            return runs
-        monkeypatch.setattr(generation, "length_buckets", split)
-    return request.param
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prompt_scoring_equals_the_full_forward(family_model, tiny_tokenizer, prompts, temperature, buckets):
-    """π_ref scores S samples per prompt with the prompt run once (its cache repeated): the same log-probs as
-    scoring prompt + response per sample, on every family; responses of different lengths, one of a single token."""
-    from tba.models.generation import shared_prompt_logprobs
-
-    s, pad = 3, tiny_tokenizer.pad_token_id
-    torch.manual_seed(0)
-    out = generate(family_model, prompts, num_samples=s, temperature=1.0, max_new_tokens=10,
-                   eos_id=tiny_tokenizer.eos_token_id, pad_id=pad)
-    responses = [r for r, _ in out]
-    responses[1] = responses[1][:1]
-    flat = [p for p in prompts for _ in range(s)]
-    with torch.no_grad():
-        full, mask = response_logprobs(family_model, flat, responses, temperature, pad)
-    shared = shared_prompt_logprobs(family_model, prompts, responses, s, temperature, pad)
-    assert shared.shape == full.shape
-    torch.testing.assert_close(shared * mask, full, atol=2e-5, rtol=0)
-
-
-def test_grouped_logprobs_give_the_full_forwards_gradients(family_model, tiny_tokenizer, prompts, buckets):
-    """The trainer's shared-prompt forward (trainer.shared_prompts): a different number of responses per prompt,
-    the same log-probs and the same gradient of every weight as the forward over prompt + response per sample."""
-    from tba.models.generation import grouped_logprobs
-
-    pad, counts = tiny_tokenizer.pad_token_id, [3, 1, 2][:len(prompts)]
-    torch.manual_seed(0)
-    out = generate(family_model, prompts, num_samples=3, temperature=1.0, max_new_tokens=10,
-                   eos_id=tiny_tokenizer.eos_token_id, pad_id=pad)
-    picks = [i * 3 + j for i, c in enumerate(counts) for j in range(c)]
-    responses = [out[k][0] for k in picks]
-    responses[0] = responses[0][:1]
-    flat = [p for p, c in zip(prompts, counts, strict=False) for _ in range(c)]
-    weights = torch.linspace(-1, 1, len(responses))
-
-    def grads(logp_fn):
-        family_model.zero_grad()
-        logp = logp_fn()
-        (logp.sum(-1) * weights).sum().backward()
-        return logp.detach(), {n: p.grad.clone() for n, p in family_model.named_parameters() if p.grad is not None}
-
-    full, full_grads = grads(lambda: response_logprobs(family_model, flat, responses, 0.7, pad)[0])
-    grouped, grouped_grads = grads(lambda: grouped_logprobs(family_model, prompts[:len(counts)], responses, counts,
-                                                            0.7, pad)[0])
-    family_model.zero_grad()
-    torch.testing.assert_close(grouped, full, atol=2e-5, rtol=0)
-    assert grouped_grads.keys() == full_grads.keys() and full_grads
-    for name, g in full_grads.items():
-        torch.testing.assert_close(grouped_grads[name], g, atol=1e-4, rtol=1e-3, msg=name)
-
-
-def test_grouped_logprobs_refuse_counts_that_do_not_add_up(tiny_model, tiny_tokenizer):
-    from tba.models.generation import grouped_logprobs
-
-    with pytest.raises(ValueError, match="counts add up to 3, but there are 2 responses"):
-        grouped_logprobs(tiny_model, [[5, 6]], [[7], [8]], [3], 1.0, tiny_tokenizer.pad_token_id)

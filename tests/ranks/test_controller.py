@@ -63,9 +63,16 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
-@pytest.mark.parametrize("objective", ["tb", "tba_prime"])
-def test_two_ranks_update_as_one_process(source, tiny_tokenizer, tmp_path, objective):
-    cfg = config(source, f"objective={objective}", "baselines.reference_reset_steps=2", "trainer.max_grad_norm=1.0")
+SPLIT_CHUNKED = ["trainer.micro_batch_samples=1", "trainer.logprob_chunk_tokens=3"]
+
+
+@pytest.mark.parametrize("objective, extra", [("tb", []), ("tba_prime", []), ("tb", SPLIT_CHUNKED)],
+                         ids=["tb", "tba_prime", "tb-split-chunked"])
+def test_two_ranks_update_as_one_process(source, tiny_tokenizer, tmp_path, objective, extra):
+    """`extra` on both sides: each group split over forwards, the log-probs chunked 3 positions at a time (that these
+    equal whole groups and the plain path in one process: tests/algorithm/test_trainer.py)."""
+    cfg = config(source, f"objective={objective}", "baselines.reference_reset_steps=2", "trainer.max_grad_norm=1.0",
+                 *extra)
     single = Trainer(load_model(str(source)), **trainer_args(cfg, load_model(str(source)).eval(),
                                                              tiny_tokenizer.pad_token_id))
     trainer = sharded(cfg, source, tmp_path, pad_id=tiny_tokenizer.pad_token_id)
@@ -135,7 +142,7 @@ def test_two_ranks_train_lora_adapters_as_one_process(source, tiny_tokenizer, tm
 
 
 def test_checkpointing_and_bf16_compute(source, tiny_tokenizer, tmp_path):
-    """trainer.fsdp.activation_checkpointing recomputes each layer in backward: the same update to 1e-5; bf16
+    """trainer.activation_checkpointing recomputes each layer in backward: the same update to 1e-5; bf16
     compute (fsdp.param_dtype) over fp32 master weights: close to the fp32 update, not equal — and the checkpoint's
     model/ holds the fp32 masters themselves: a resume starts from them bit for bit."""
     single = Trainer(load_model(str(source)), **trainer_args(config(source), None, tiny_tokenizer.pad_token_id))
@@ -143,7 +150,7 @@ def test_checkpointing_and_bf16_compute(source, tiny_tokenizer, tmp_path):
     for draws in data:
         single.step(copy.deepcopy(draws))
     mine = single.model.state_dict()
-    for overrides, bound in ((["trainer.fsdp.activation_checkpointing=true"], 1e-5),
+    for overrides, bound in ((["trainer.activation_checkpointing=true"], 1e-5),
                              (["trainer.fsdp.param_dtype=bfloat16"], 0.2)):
         cfg = config(source, *overrides)
         trainer = sharded(cfg, source, tmp_path, pad_id=tiny_tokenizer.pad_token_id)

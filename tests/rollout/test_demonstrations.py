@@ -18,7 +18,7 @@ from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw, Group, Sample
 from tba.config import ConfigError, load_config
 from tba.config.schema import BufferConfig, DataConfig, TBConfig, TrainerConfig
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
 from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
 from tba.tasks.data import DataLoadError
 

@@ -13,7 +13,7 @@ from test_stream import Publisher
 from tba.config.schema import SearchConfig, TinyModelConfig
 from tba.models.builtin import build_tiny_model, train_tokenizer
 from tba.models.continuous import ContinuousBatch
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
 from tba.rollout.episode_stream import Calls, EpisodeStream
 from tba.rollout.episodes import Limits
 from tba.rollout.samplers.hf import HFSampler

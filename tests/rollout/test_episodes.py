@@ -16,7 +16,7 @@ from tba.algorithm.trainer import Trainer
 from tba.algorithm.types import Draw, Group, Sample
 from tba.config.schema import BaselineConfig, TBConfig, TinyModelConfig, TrainerConfig
 from tba.models.builtin import build_tiny_model, train_tokenizer
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
 from tba.rollout.episodes import FAILED, Limits, policy_logprobs, run_episodes, turns
 from tba.tasks.base import Prompt
 

@@ -11,7 +11,7 @@ import torch
 from tba.config.schema import LoraConfig
 from tba.errors import ConfigError
 from tba.models import apply_lora, load_synced, synced_tensors
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
 from tba.rollout.quantize import QuantizedModel, check, quantized_copy
 from tba.rollout.samplers.hf import HFSampler
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tba.config.schema import SearchConfig
-from tba.models.generation import shared_prompt_logprobs
+from tba.models.logprobs import shared_prompt_logprobs
 from tba.rollout.samplers.hf import HFSampler
 from tba.rollout.searcher import Searcher
 from tba.tasks.arith import ArithTask

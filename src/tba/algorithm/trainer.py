@@ -3,8 +3,9 @@
 AdamW; the LR is set from the schedule at the start of each update (the paper steps its scheduler once
 before each optimizer step). Gradient accumulation groups whole prompts: each micro-batch holds
 `micro_batch_prompts` prompt groups, so the per-group log Ẑ is exact and the summed micro-batch losses
-equal the full-batch mean. `version` counts the updates applied; it is the policy version that the
-trainer publishes to searchers.
+equal the full-batch mean; its forwards may split the groups (`micro_batch_samples`, `_accumulate`) and still
+give that gradient. `version` counts the updates applied; it is the policy version that the trainer publishes
+to searchers.
 
 The objective arrives bound to its settings (a `Loss`, tba.algorithm.objectives) and β as a schedule, so the
 trainer knows no objective's configuration. An objective that scores π_ref itself (TBA′) brings its own
@@ -17,6 +18,7 @@ code disables dropout in policy and reference for the same reason).
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Callable
@@ -24,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from tba.algorithm.objectives import Loss
 from tba.algorithm.objectives.tb import vargrad_log_z
 from tba.algorithm.types import Draw
 from tba.config.schema import TrainerConfig
 from tba.models import precision, synced_tensors
-from tba.models.generation import grouped_logprobs, response_logprobs
+from tba.models.logprobs import grouped_logprobs, recomputable, response_logprobs
+from tba.models.recompute import recompute_layers
 
 
 class OwnReference(Protocol):
@@ -89,6 +93,14 @@ def _padded(rows: list[list[float]], width: int, device) -> torch.Tensor:
     return out.to(device)
 
 
+def _stacked(parts: list) -> torch.Tensor | None:
+    """Row blocks [n_i, R_i] → [Σn_i, max R_i], zero-padded (None stays None: no objective-owned π_ref)."""
+    if parts[0] is None:
+        return None
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([F.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
 def _behaviour(draws: list[Draw], loss: Loss) -> list[list[float]]:
     """Each sample's behaviour log-probs. A sample without them cannot be importance-weighted: treating the
     missing values as 0 would turn the ratio π_θ/μ into π_θ, silently, so it is an error."""
@@ -124,6 +136,10 @@ class Trainer:
                                            weight_decay=cfg.weight_decay, fused=not self.sharded or None)
         self.version = 0
         self.skipped_steps = 0
+        if cfg.activation_checkpointing:
+            recompute_layers(model)
+        # a recomputed layer must see the shared prompt's cache as the first forward did (tba.models.logprobs)
+        self.shared_prompts = cfg.shared_prompts and (not cfg.activation_checkpointing or recomputable(model))
 
     sharded = False
     """Whether the policy is split over several ranks (tba.ranks.rank.RankTrainer)."""
@@ -163,20 +179,21 @@ class Trainer:
                 "trainer/skipped": float(not finite)}
 
     def _accumulate(self, micro: list[Draw], beta: float, tally: _Tally) -> None:
-        """Forward and backward of one micro-batch of prompt groups: its share of the loss, the TB diagnostics."""
-        prompts = [d.prompt_tokens for d in micro for _ in d.samples]
-        responses = [s.response for d in micro for s in d.samples]
-        with precision.autocast(self.model.device, self.autocast):  # backward runs outside, as torch advises
-            if self.cfg.shared_prompts and not self.cfg.fsdp.activation_checkpointing:
-                # length buckets choose how many forwards from this rank's lengths; a sharded trainer's ranks
-                # must all run the same forwards (each gathers the shards), so they run one
-                logp_tok, mask = grouped_logprobs(self.model, [d.prompt_tokens for d in micro], responses,
-                                                  [len(d.samples) for d in micro], self.temperature, self.pad_id,
-                                                  buckets=not self.sharded)
-            else:
-                logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id)
-            ref_tok = (self.reference.logprobs(prompts, responses, self.temperature, self.pad_id)
-                       if self.reference is not None else None)
+        """Forward and backward of one micro-batch of prompt groups: its share of the loss, the TB diagnostics.
+
+        Split into forwards of trainer.micro_batch_samples samples: every objective's loss depends on the policy
+        only through the per-token log-probs (group statistics such as log Ẑ are detached), so its gradient is the
+        sum over rows of ∂L/∂logp_i · ∂logp_i/∂θ. A no-grad pass scores every split; then each split's backward
+        takes the micro-batch's whole loss with its own rows live and the others' values from that pass."""
+        n = sum(len(d.samples) for d in micro)
+        m = self.cfg.micro_batch_samples or n
+        splits = [range(s, min(s + m, n)) for s in range(0, n, m)]
+        if len(splits) == 1:
+            logp_tok, mask, ref_tok = self._score(micro, splits[0])
+        else:
+            with torch.no_grad():
+                parts = [self._score(micro, s) for s in splits]
+            logp_tok, mask, ref_tok = (_stacked([p[k] for p in parts]) for k in range(3))
         width, device = logp_tok.shape[1], logp_tok.device
         if any(s.policy_mask for d in micro for s in d.samples):  # multi-turn: the environment's tokens are not
             # the policy's actions — log π(τ) sums the policy's tokens only, in every objective (tba.rollout.episodes)
@@ -189,17 +206,49 @@ class Trainer:
             behaviour_tok = _padded(_behaviour(micro, self.loss), width, device)  # [N, R]
         reward = torch.tensor([s.reward for d in micro for s in d.samples], device=device)  # [N]
         group = torch.tensor([i for i, d in enumerate(micro) for _ in d.samples], device=device)  # [N]
-        loss = self.loss(logp=logp_tok, mask=mask, ref_logp=ref_tok, behaviour_logp=behaviour_tok, reward=reward,
-                         group=group, beta=beta)
-        loss = loss * (len(responses) / tally.samples)
+
+        def loss_of(logp):
+            loss = self.loss(logp=logp, mask=mask, ref_logp=ref_tok, behaviour_logp=behaviour_tok, reward=reward,
+                             group=group, beta=beta)
+            return loss * (n / tally.samples)
+
+        loss = loss_of(logp_tok)
         logp = (logp_tok * mask).sum(-1).detach()  # [N] log π_θ(y|x), for metrics
         ref = (ref_tok * mask).sum(-1)  # [N]
         tally.add_tb_residuals(logp, ref, reward.to(logp.dtype), group, beta)
-        self.backward(loss)
+        if len(splits) == 1:
+            self.backward(loss)
+        else:
+            for split in splits:
+                live = self._score(micro, split, reference=False)[0]
+                self.backward(loss_of(torch.cat([logp_tok[:split.start], F.pad(live, (0, width - live.shape[1])),
+                                                 logp_tok[split.stop:]])))
         tally.loss += loss.item()
-        tally.tokens += int(mask.sum().item()) + sum(len(p) for p in prompts)
+        tally.tokens += int(mask.sum().item()) + sum(len(d.prompt_tokens) * len(d.samples) for d in micro)
         tally.logp += logp.sum().item()
         tally.log_ratio += (logp.detach() - ref).sum().item()
+
+    def _score(self, micro: list[Draw], rows: range, reference: bool = True):
+        """(log π_θ [n, R], mask [n, R], the objective's own log π_ref [n, R] or None) of samples `rows` of the
+        micro-batch (prompt-major), R their longest response."""
+        flat = [(i, s) for i, d in enumerate(micro) for s in d.samples][rows.start:rows.stop]
+        prompts = [micro[i].prompt_tokens for i, _ in flat]
+        responses = [s.response for _, s in flat]
+        chunk = self.cfg.logprob_chunk_tokens
+        with precision.autocast(self.model.device, self.autocast):  # backward runs outside, as torch advises
+            if self.shared_prompts:
+                # length buckets choose how many forwards from this rank's lengths; a sharded trainer's ranks
+                # must all run the same forwards (each gathers the shards), so they run one
+                counts = collections.Counter(i for i, _ in flat)  # group → its samples here, in order
+                logp_tok, mask = grouped_logprobs(self.model, [micro[i].prompt_tokens for i in counts], responses,
+                                                  list(counts.values()), self.temperature, self.pad_id,
+                                                  buckets=not self.sharded, chunk_tokens=chunk)
+            else:
+                logp_tok, mask = response_logprobs(self.model, prompts, responses, self.temperature, self.pad_id,
+                                                   chunk_tokens=chunk)
+            ref_tok = (self.reference.logprobs(prompts, responses, self.temperature, self.pad_id)
+                       if reference and self.reference is not None else None)
+        return logp_tok, mask, ref_tok
 
     # ---- what a rank of a sharded trainer (tba.ranks.rank.RankTrainer) does otherwise ---------------------------
     def merged(self, tally: _Tally) -> _Tally:

@@ -26,8 +26,6 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward (gathered again for backward): less memory,
     one more all-gather per layer."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in backward instead of keeping them."""
     publish_bucket_mb: float = setting(64.0, positive)
     """Weights travel to the searchers gathered this many MB at a time (whole FSDP units, a decoder layer each):
     a rank holds at most one bucket of unsharded weights beyond its shard while publishing."""

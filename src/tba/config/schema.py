@@ -177,13 +177,22 @@ class TrainerConfig:
     samples_per_prompt: int = setting(8, positive)
     """K: completions per prompt group."""
     micro_batch_prompts: int = setting(8, positive)
-    """Prompt groups per forward/backward (gradient accumulation groups by prompt, never splits one)."""
+    """Prompt groups per micro-batch: its loss (every group statistic, VarGrad's log Ẑ) is over whole groups."""
+    micro_batch_samples: int | None = setting(None, positive_or_none)
+    """Samples per forward/backward, when fewer than a micro-batch's: its groups are split, a no-grad pass scores
+    them all, then each split's backward takes the micro-batch's loss with only its own rows live — the same
+    gradient, for every objective, for one more forward without gradients. None = the whole micro-batch at once."""
+    logprob_chunk_tokens: int = setting(1024, non_negative)
+    """Response positions per chunk of the LM head + log-softmax (tba.models.logprobs): log-prob memory is chunk ×
+    vocabulary, not micro-batch × length × vocabulary. 0 = the plain path, [N, R, V] float32 logits."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (one process and ranks)."""
     shared_prompts: bool = True
     """Run each prompt group's prompt once in the forward and backward, its keys and values shared by the group's
-    samples (tba.models.generation.grouped_logprobs): the same log-probs and gradients up to float rounding, less
-    work the longer the prompts (chat templates). False = prompt + response per sample. Not used under
-    trainer.fsdp.activation_checkpointing (a recomputed layer would append to the shared cache again). One forward
-    per micro-batch, without length buckets, on a sharded trainer (its ranks must all run the same forwards)."""
+    samples (tba.models.logprobs.grouped_logprobs): the same log-probs and gradients up to float rounding, less
+    work the longer the prompts (chat templates). False = prompt + response per sample. Under activation
+    checkpointing only for plain full-attention caches (sliding windows: prompt + response). One forward per
+    micro-batch or split, without length buckets, on a sharded trainer (its ranks must all run the same forwards)."""
     sync_every_steps: int = setting(1, sync_period)
     """k: the trainer publishes its weights (with a version) to the searchers every k steps. 0 = never: the
     searchers sample from the starting policy (π_ref, unless model.reference says otherwise) for the whole run,
@@ -209,7 +218,7 @@ class TrainerConfig:
     """Trainer ranks. 1 = one process, no torch.distributed. N > 1 = N processes (gloo on CPU, NCCL on GPUs)
     sharding the policy, its gradients and Adam's moments with FSDP2 (`trainer.fsdp`); B must divide by N."""
     fsdp: FSDPConfig = setting(factory=FSDPConfig)
-    """world_size > 1: devices, mixed precision, resharding, activation checkpointing, publication buckets."""
+    """world_size > 1: devices, mixed precision, resharding, publication buckets."""
 
     def check(self) -> None:
         if self.lr_schedule == "wsd" and self.warmup_steps + (self.stable_steps or 0) > self.steps:

@@ -1,4 +1,4 @@
-"""Batched sampling with a KV cache, and per-token log-probs of given responses.
+"""Batched sampling with a KV cache (the per-token log-probs of given responses: tba.models.logprobs).
 
 Every log-prob in TBA is of the temperature-scaled distribution softmax(logits / T) with top-k off (optionally
 top-p filtered and renormalised) — the trainer's log π_θ, the searcher's log π_ref and the behaviour log-probs —
@@ -21,7 +21,6 @@ do (bench/perf/sampler.py measures both; docs/results.md, "Sampler backends"):
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from dataclasses import dataclass
 
@@ -32,8 +31,6 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
-
-from tba.models.length_buckets import length_buckets
 
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 """The KV cache's name in a model's forward and output: transformers 5.2x renamed `past_key_values` to
@@ -292,135 +289,3 @@ def generate(
 def ended_with_eos(responses: list[list[int]], eos_id: int) -> list[bool]:
     """Whether each response stopped by itself (its last token is EOS) rather than at max_new_tokens."""
     return [bool(r) and r[-1] == eos_id for r in responses]
-
-
-def response_logits(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Raw logits that predict each response token, the response tokens, and the mask.
-
-    Returns (logits [N, R, V], targets [N, R], mask [N, R]) where R is the longest response. Sequences are
-    right-padded so that positions start at 0 for every row, exactly as in a single-sequence forward.
-    """
-    seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
-    ids, attn = _pad(seqs, pad_id, left=False)  # [N, L]
-    device, length = model.device, ids.shape[1]
-    # only positions from the earliest response start on need logits: the LM head (V ≈ 50k for real
-    # tokenizers) is then applied to `keep` positions instead of L — much less time and memory
-    first = min(len(p) for p in prompts) - 1
-    keep = length - first
-    # use_cache=False: scoring needs no KV cache, and a cache would grow again when activation checkpointing
-    # recomputes a layer in backward (trainer.fsdp.activation_checkpointing)
-    try:
-        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), logits_to_keep=keep,
-                       use_cache=False).logits
-    except TypeError:  # a model without `logits_to_keep`
-        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits
-    if logits.shape[1] != keep:  # the argument was ignored: all L positions came back
-        logits = logits[:, first:]
-    logits = logits.float()  # [N, keep, V]: logits[:, j] predicts token first + j + 1
-    resp_len = max(len(r) for r in responses)
-    # position len(prompt)-1+t predicts response[t]
-    starts = torch.tensor([len(p) - 1 for p in prompts], device=device)  # [N]
-    pos = (starts[:, None] + torch.arange(resp_len, device=device)[None, :]).clamp(max=length - 2)  # [N, R]
-    picked = logits.gather(1, (pos - first)[..., None].expand(-1, -1, logits.shape[-1]))  # [N, R, V]
-    targets = ids.to(device).gather(1, pos + 1)  # [N, R]
-    lengths = torch.tensor([len(r) for r in responses], device=device)
-    mask = (torch.arange(resp_len, device=device)[None, :] < lengths[:, None]).float()  # [N, R]
-    return picked, targets, mask
-
-
-def response_logprobs(
-    model, prompts: list[list[int]], responses: list[list[int]], temperature: float, pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of each response given its prompt, logits ÷ T.
-
-    Returns (logp [N, R], mask [N, R]); padded positions hold 0.
-    """
-    logits, targets, mask = response_logits(model, prompts, responses, pad_id)
-    logits = logits / temperature
-    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, -1)  # [N, R]
-    return logp * mask, mask
-
-
-@torch.no_grad()
-def shared_prompt_logprobs(model, prompts: list[list[int]], responses: list[list[int]], num_samples: int,
-                           temperature: float, pad_id: int, buckets: bool = True) -> torch.Tensor:
-    """`response_logprobs` of `num_samples` responses per prompt (prompt-major), each prompt run once
-    (`grouped_logprobs`, without gradients).
-
-    Why: a searcher scores every sample under π_ref, and a chat prompt is often longer than its responses, so
-    scoring prompt + response per sample spent most of the forward on S copies of the same prompt. Returns logp
-    [N, R] (N = len(responses)), 0 at padded positions.
-    """
-    return grouped_logprobs(model, prompts, responses, [num_samples] * len(prompts), temperature, pad_id, buckets)[0]
-
-
-def grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]], counts: list[int],
-                     temperature: float, pad_id: int, buckets: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs (logits ÷ T) of `counts[i]` responses to prompt i (prompt-major), each prompt run once
-    per length bucket: its keys and values are computed for one row and indexed out to its responses, which then
-    run over them. Differentiable: the trainer takes its gradients through the shared prompt
-    (trainer.shared_prompts).
-
-    The numbers are those of `response_logprobs`' full forward up to float rounding, and so are the gradients
-    (tests/models/test_generation.py): attention of a response row to the prompt is the same whether the prompt's
-    keys were computed in that row or copied into it. Responses of very different lengths run in separate
-    forwards, each padded to its own longest (tba.models.length_buckets; buckets=False: one forward, as
-    bench.perf.scoring compares). Returns (logp [N, R], mask [N, R]) as `response_logprobs` does; padded positions
-    hold 0.
-    """
-    if sum(counts) != len(responses):
-        raise ValueError(f"counts add up to {sum(counts)}, but there are {len(responses)} responses")
-    runs = length_buckets([len(x) for x in responses], sum(len(x) for x in prompts) + CALL_OVERHEAD) if buckets else []
-    if len(runs) < 2:
-        return _grouped_logprobs(model, prompts, responses, counts, temperature, pad_id)
-    owner = [i for i, c in enumerate(counts) for _ in range(c)]
-    r = max(len(x) for x in responses)
-    rows, logps, masks = [], [], []
-    for run in runs:
-        run = sorted(run, key=lambda j: (owner[j], j))  # prompt-major, as _grouped_logprobs takes them
-        mine = collections.Counter(owner[j] for j in run)  # prompt → its responses in this run, prompt order
-        logp, mask = _grouped_logprobs(model, [prompts[i] for i in mine], [responses[j] for j in run],
-                                       list(mine.values()), temperature, pad_id)
-        rows += run
-        logps.append(F.pad(logp, (0, r - logp.shape[1])))
-        masks.append(F.pad(mask, (0, r - mask.shape[1])))
-    back = torch.empty(len(rows), dtype=torch.long)
-    back[torch.tensor(rows)] = torch.arange(len(rows))
-    back = back.to(logps[0].device)
-    return torch.cat(logps).index_select(0, back), torch.cat(masks).index_select(0, back)
-
-
-CALL_OVERHEAD = 16
-"""length_buckets: the fixed cost of one more forward, in padded positions, beside its prompts' tokens."""
-
-
-def _grouped_logprobs(model, prompts: list[list[int]], responses: list[list[int]], counts: list[int],
-                      temperature: float, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """grouped_logprobs in one forward over the prompts and one over all the responses, padded to the longest."""
-    if max((len(x) for x in responses), default=0) == 0:
-        empty = torch.zeros(len(responses), 0, device=model.device)
-        return empty, empty
-    device = model.device
-    ids, mask = (x.to(device) for x in _pad(prompts, pad_id, left=True))  # [P, L]
-    pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-    try:  # only the last prompt position's logits are needed: the LM head on one position, not L
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-    except TypeError:  # a model without `logits_to_keep`
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    cache = getattr(out, CACHE)
-    index = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
-    first = out.logits[:, -1].float()[index] / temperature  # [N, V]: predicts each response's token 0
-    cache.batch_select_indices(index)  # [P, …] → [N, …]: a gather, so gradients flow back to the prompt's row
-    lengths = torch.tensor([len(r) for r in responses], device=device)
-    resp, resp_mask = (x.to(device) for x in _pad(responses, pad_id, left=False))  # [N, R]
-    n, r = resp.shape
-    parts = [(first.gather(-1, resp[:, :1]).squeeze(-1) - torch.logsumexp(first, -1))[:, None]]  # [N, 1]
-    if r > 1:
-        attn = torch.cat([mask[index], resp_mask], 1)[:, :-1]  # [N, L + R − 1]
-        rpos = pos[index, -1:] + 1 + torch.arange(r - 1, device=device)  # [N, R − 1]
-        logits = model(input_ids=resp[:, :-1], attention_mask=attn, position_ids=rpos, use_cache=True,
-                       **{CACHE: cache}).logits.float() / temperature  # [N, R − 1, V]: predicts tokens 1 … R − 1
-        parts.append(logits.gather(-1, resp[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1))
-    keep = (torch.arange(r, device=device)[None, :] < lengths[:, None]).float()  # [N, R]
-    return torch.cat(parts, 1) * keep, keep

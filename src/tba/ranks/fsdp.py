@@ -39,40 +39,19 @@ from torch.distributed.tensor import DTensor
 
 from tba.config.fsdp import FSDPConfig
 from tba.models import DTYPES
+from tba.models.recompute import decoder_layers
 
 Bucket = dict[str, torch.Tensor]
 
 
-def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's decoder layers: modules of a class its `_no_split_modules` names (HF's own list of what must
-    not be split across devices), under a PEFT wrapper too."""
-    base = model
-    while not isinstance(getattr(base, "_no_split_modules", None), (list, set, tuple)):
-        inner = getattr(base, "base_model", None) or getattr(base, "model", None)
-        if inner is None or inner is base:
-            raise ValueError(f"cannot shard {type(model).__name__}: it names no decoder layer class "
-                             "(_no_split_modules), which FSDP units are made of")
-        base = inner
-    names = set(base._no_split_modules)
-    return [m for m in model.modules() if type(m).__name__ in names]
-
-
-def shard(model: torch.nn.Module, cfg: FSDPConfig, *, dtype: str, device: torch.device,
-          checkpointing: bool = False) -> torch.nn.Module:
+def shard(model: torch.nn.Module, cfg: FSDPConfig, *, dtype: str, device: torch.device) -> torch.nn.Module:
     """Shard `model` in place over the default process group: each decoder layer, then the root. `dtype`: the
-    master weights' (the forward runs in cfg.param_dtype, default the same); `checkpointing`: recompute each
-    decoder layer's activations in backward."""
+    master weights' (the forward runs in cfg.param_dtype, default the same). Activation checkpointing wraps each
+    layer's forward, not the module (tba.models.recompute): the units and the names stay the model's own."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     param = DTYPES[cfg.param_dtype or dtype]
     policy = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=DTYPES[cfg.reduce_dtype])
-    layers = _layers(model)
-    if checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-
-        kinds = tuple({type(m) for m in layers})
-        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, kinds))
-        layers = _layers(model)
-    for layer in layers:
+    for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=cfg.reshard_after_forward)
     return model

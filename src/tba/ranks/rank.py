@@ -55,8 +55,6 @@ class RankParts:
     publish_dtype: str
     """search.dtype resolved: what the searchers load."""
     threads: int
-    checkpointing: bool = False
-    """trainer.activation_checkpointing."""
 
     @property
     def compute_dtype(self) -> str:
@@ -287,7 +285,7 @@ def build(parts: RankParts, rank: int, world: int, device: torch.device) -> Rank
     sharded alike for an objective that keeps its own. Collective: every rank, in this order."""
     rss_start = _status_gb("VmRSS")
     models = parts.build()
-    policy = fsdp.shard(models.policy, parts.fsdp, dtype=parts.dtype, device=device, checkpointing=parts.checkpointing)
+    policy = fsdp.shard(models.policy, parts.fsdp, dtype=parts.dtype, device=device)
     policy.to_empty(device=device)
     start = models.start() if rank == 0 else None
     fsdp.load_full(policy, start.state_dict() if start is not None else None)

@@ -31,7 +31,7 @@ import torch
 
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import DataConfig
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
 from tba.rollout.episodes import Limits, policy_logprobs, replay_episodes
 from tba.tasks.base import Prompt, Task, TaskAdapter
 from tba.tasks.data import DataLoadError

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tba.config.schema import EvalConfig
-from tba.models.generation import ended_with_eos, generate, response_logits
+from tba.models.generation import ended_with_eos, generate
+from tba.models.logprobs import reference_kl
 from tba.rollout.episodes import END_REASONS, Limits, run_episodes
 from tba.tasks.base import Prompt, Scoring, TaskAdapter
 
@@ -74,16 +75,10 @@ def reference_metrics(policy, reference, c: Completions, pad_id: int, batch_size
     kl_sum, tokens, perplexities = 0.0, 0.0, []
     for start in range(0, len(c.responses), batch_size):
         prompts, responses = c.prompt_tokens[start:start + batch_size], c.responses[start:start + batch_size]
-        logits, targets, mask = response_logits(policy, prompts, responses, pad_id)
-        logp = torch.log_softmax(logits, -1)  # [N, R, V]
-        del logits
-        ref_logits, _, _ = response_logits(reference, prompts, responses, pad_id)
-        ref_logp = torch.log_softmax(ref_logits.to(logp.device), -1)  # [N, R, V]
-        del ref_logits
-        kl_tok = (ref_logp.exp() * (ref_logp - logp)).sum(-1)  # [N, R]  KL(π_ref ‖ π_θ) at each position
-        kl_sum += (kl_tok * mask).sum().item()
+        kl_tok, ref_tok, mask = reference_kl(policy, reference, prompts, responses, pad_id)  # [N, R] each
+        kl_sum += kl_tok.sum().item()
         tokens += mask.sum().item()
-        nll = -(ref_logp.gather(-1, targets[..., None]).squeeze(-1) * mask).sum(-1)  # [N]
+        nll = -ref_tok.sum(-1)  # [N]
         attended = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)],
                                 device=nll.device)
         perplexities += torch.exp(nll / attended).tolist()

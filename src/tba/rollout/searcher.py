@@ -35,7 +35,8 @@ import torch
 from tba.algorithm.types import Group, Sample
 from tba.config.schema import SearchConfig
 from tba.models import precision
-from tba.models.generation import ended_with_eos, shared_prompt_logprobs
+from tba.models.generation import ended_with_eos
+from tba.models.logprobs import shared_prompt_logprobs
 from tba.rollout.episode_stream import EpisodeStream
 from tba.rollout.episodes import END_REASONS, Episode, Limits, policy_logprobs, run_episodes
 from tba.rollout.samplers.base import Sampler

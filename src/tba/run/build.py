@@ -228,8 +228,8 @@ def trainer_args(cfg: RunConfig, reference, pad_id: int) -> dict:
     objective that keeps its own π_ref (TBA′) gets a copy of `reference`, reset every baselines.reference_reset_steps
     updates."""
     objective = OBJECTIVES[cfg.objective]
-    own = (ResettingReference(copy.deepcopy(reference), cfg.baselines.reference_reset_steps)
-           if objective.owns_reference else None)
+    own = (ResettingReference(copy.deepcopy(reference), cfg.baselines.reference_reset_steps,
+                              cfg.trainer.logprob_chunk_tokens) if objective.owns_reference else None)
     return dict(loss=objective.bind(cfg.tb, cfg.baselines, max_tokens=cfg.search.max_new_tokens), cfg=cfg.trainer,
                 beta=beta_schedule(cfg.tb), temperature=cfg.search.temperature, pad_id=pad_id, reference=own,
                 aging=aging_sources(cfg), autocast=cfg.model.autocast)

@@ -120,8 +120,7 @@ def build_sharded(cfg: RunConfig, build: RankBuild, *, threads: int, publish_dty
                   ) -> ShardedTrainer:
     """Start the ranks (local processes, or Ray actors with runtime=ray) and return the controller's trainer."""
     t = cfg.trainer
-    parts = RankParts(build, t.fsdp, cfg.model.dtype, publish_dtype, threads,
-                      checkpointing=t.fsdp.activation_checkpointing)
+    parts = RankParts(build, t.fsdp, cfg.model.dtype, publish_dtype, threads)
     devices, t0 = rank_devices(cfg), time.perf_counter()
     if cfg.runtime == "ray":  # imports Ray only then
         from tba.ranks.ray import RayRanks

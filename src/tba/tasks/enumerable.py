@@ -53,7 +53,7 @@ import random
 import torch
 
 from tba.errors import ConfigError
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import response_logprobs
 from tba.tasks.base import Prompt, Scoring, batch_rewards
 
 MAX_RESPONSES = 50_000

@@ -1,7 +1,7 @@
 """The vLLM sampler against the HF reference: the Sampler contract, behaviour log-probs, weight reloads, LoRA.
 
 Engine start costs ~25 s on a small CPU, so each class shares one engine (fp32 full weights; bf16 with
-LoRA). Log-prob gaps are per response token, vLLM − HF recomputation (tba.models.generation.response_logprobs) on
+LoRA). Log-prob gaps are per response token, vLLM − HF recomputation (tba.models.logprobs.response_logprobs) on
 the same weights; `-s` prints them.
 """
 
@@ -19,7 +19,7 @@ import torch
 from tba.config.schema import RunConfig, TinyModelConfig
 from tba.models import apply_lora, load_model, load_tokenizer, save_checkpoint, synced_tensors
 from tba.models.builtin import build_tiny_model
-from tba.models.generation import response_logits, response_logprobs
+from tba.models.logprobs import response_logits, response_logprobs
 from tba.models.sources import resolve_source
 from tba.rollout.samplers.vllm import engine_settings, fast_cpu_env
 from tba.run.searchers import sampler_spec

@@ -9,10 +9,10 @@ SEVEN_B = "gsm8k-qwen7b-8gpu"
 
 
 def test_candidates_come_cheapest_first_with_the_devices_more_ranks_need():
-    cfg = load_config(SEVEN_B, ["trainer.world_size=1", "trainer.fsdp.activation_checkpointing=false"],
+    cfg = load_config(SEVEN_B, ["trainer.world_size=1", "trainer.activation_checkpointing=false"],
                       check_installed=False)
     tried = list(candidates(cfg, target_machine("8xH100")))
-    assert tried[0] == ["trainer.fsdp.activation_checkpointing=true"]
+    assert tried[0] == ["trainer.activation_checkpointing=true"]
     assert ["trainer.world_size=2", "trainer.fsdp.devices=cuda:0,cuda:1"] in tried
     assert ["trainer.world_size=4"] in tried  # the recipe's own four devices
     assert tried.index(["trainer.world_size=4"]) < tried.index(["search.num_searchers=3"])

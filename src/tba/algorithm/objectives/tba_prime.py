@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from tba.algorithm.objectives.groups import check_token_inputs, group_mean
-from tba.models.generation import response_logprobs
+from tba.models.logprobs import CHUNK_TOKENS, response_logprobs
 
 
 def tba_prime_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
@@ -49,14 +49,16 @@ class ResettingReference:
     reset to the policy every `every` (ρ) updates — the searchers' π_ref log-probs are of the run's start and would
     not follow the resets. The trainer calls `updated` after each applied update."""
 
-    def __init__(self, model, every: int | None):
+    def __init__(self, model, every: int | None, chunk_tokens: int = CHUNK_TOKENS):
+        """`chunk_tokens`: the LM head's positions per chunk (trainer.logprob_chunk_tokens; 0 = plain)."""
         self.model, self.every = model.eval().requires_grad_(False), every
+        self.chunk_tokens = chunk_tokens
 
     @torch.no_grad()
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]], temperature: float,
                  pad_id: int) -> torch.Tensor:
         """[N, R] per-token log π_ref of the responses (logits ÷ T), padding 0."""
-        return response_logprobs(self.model, prompts, responses, temperature, pad_id)[0]
+        return response_logprobs(self.model, prompts, responses, temperature, pad_id, self.chunk_tokens)[0]
 
     def updated(self, policy_state, version: int) -> None:
         """`policy_state()`: the policy's whole state dict (read only when a reset is due)."""

@@ -14,7 +14,7 @@ from tba.config import RunConfig, override
 from tba.errors import ConfigError
 from tba.run.plan import make_plan
 from tba.run.plan.machine import Machine
-from tba.run.plan.terms import checkpointing, checkpointing_key, pending
+from tba.run.plan.terms import checkpointing, checkpointing_key
 
 MAX_WORLD_SIZE = 8
 """Trainer ranks tried when the machine does not say how many GPUs it has (one node's worth)."""
@@ -56,8 +56,7 @@ def candidates(cfg: RunConfig, machine: Machine) -> Iterator[list[str]]:
     ckpt = [] if checkpointing(cfg) else [f"{checkpointing_key(cfg)}=true"]
     singles = [[f"trainer.micro_batch_prompts={v}"]
                for v in _halvings(min(t.micro_batch_prompts, t.prompts_per_step // t.world_size))]
-    if pending(t, "micro_batch_samples", False) is not False:  # the field exists: split a group's samples
-        singles += [[f"trainer.micro_batch_samples={v}"] for v in _halvings(t.samples_per_prompt)]
+    singles += [[f"trainer.micro_batch_samples={v}"] for v in _halvings(t.samples_per_prompt)]  # split a group
     singles += list(_world_sizes(cfg, machine))
     if not cfg.search.groups:
         singles += [[f"search.num_searchers={v}"] for v in sorted({cfg.search.num_searchers - 1,

@@ -17,18 +17,17 @@ sender is the controller, on the host.
 from __future__ import annotations
 
 from tba.config import RunConfig
+from tba.models.logprobs import CHUNK_TOKENS as SCORING_CHUNK_TOKENS
 from tba.models.shape import ModelShape, model_shape
 from tba.run.placement import Placement, searcher_placements
 from tba.run.plan.ledger import BYTES, GB, Engine, Occupant, Term
 from tba.run.plan.machine import Machine, device_key
 from tba.run.plan.terms import (
     CUDA_CONTEXT_BYTES,
-    DEFAULT_LOGPROB_CHUNK_TOKENS,
     PROCESS_BYTES,
     SCORING_CHUNK_COPIES,
     kv_bytes,
     logit_bytes,
-    pending,
     quantized_bytes,
     searcher_dtype,
     synced_bytes,
@@ -81,7 +80,7 @@ def searcher_occupant(cfg: RunConfig, p: Placement, device: str, shape: ModelSha
             terms.append(Term("staging copy of the published weights", synced_bytes(cfg, own, dtype)))
         terms.append(Term("process (interpreter, torch, transformers)", PROCESS_BYTES, approximate=True)
                      if device == "cpu" else Term("CUDA context", CUDA_CONTEXT_BYTES, approximate=True))
-    chunk = pending(cfg.trainer, "logprob_chunk_tokens", DEFAULT_LOGPROB_CHUNK_TOKENS)
+    chunk = SCORING_CHUNK_TOKENS
     terms.append(Term("π_ref scoring logits (float32, chunked)", logit_bytes(
         sequences * (s.max_new_tokens + 1), ref_shape.vocab, chunk, SCORING_CHUNK_COPIES), approximate=True))
     return Occupant(f"searcher {p.rank} ({g.name})", terms, engine)

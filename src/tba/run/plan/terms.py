@@ -24,33 +24,23 @@ CUDA_CONTEXT_BYTES = 512 * 1024**2
 """Each process's CUDA context on each GPU it touches, outside torch's allocator: about 300 MB since CUDA 11.7's
 lazy module loading, 300–400 MB and more before it (pytorch/pytorch issues 107667 and 20532); a process that only
 opens another's CUDA IPC handles on a GPU gets one there too (pytorch/pytorch issue 78884). Rounded up."""
-DEFAULT_LOGPROB_CHUNK_TOKENS = 1024
-"""trainer.logprob_chunk_tokens until that field is in the schema: positions per chunk of the LM head and
-log-softmax (tba.models.generation), so no [sequences × response × vocab] tensor is ever whole."""
-LOGPROB_CHUNK_COPIES = 4
-"""Live float32 [chunk × vocab] tensors at the peak of the trainer's chunked log-probs (the head's output, its ÷ T
-copy kept for backward, logsumexp's exp, the gradient in backward). To be set from the chunked implementation's
-measured peak (bench/perf: the memory-per-update benchmark)."""
-SCORING_CHUNK_COPIES = 3
-"""The same for a searcher scoring its batch under π_ref without gradients (head output, ÷ T copy, exp)."""
-
-
-def pending(section, name: str, default):
-    """A config field that another branch of issue 64 adds (trainer.logprob_chunk_tokens, trainer.micro_batch_samples,
-    trainer.activation_checkpointing, search.dtype): its value once it exists, `default` until then. Only the plan
-    reads fields ahead of the schema; each read goes through here so that the merge replaces them in one place."""
-    return getattr(section, name, default)
+LOGPROB_CHUNK_COPIES = 1
+"""Live float32 [chunk × vocab] tensors at the peak of the trainer's chunked log-probs: one, in forward and backward
+(tba.models.logprobs: the head's output, its logsumexp taken in place, a linear head's own backward recomputing the
+chunk; counted by live storages in tests/models/test_logprobs.py). A head that is not a plain linear layer runs
+checkpointed chunks instead, four copies: planned as one, the common case."""
+SCORING_CHUNK_COPIES = 1
+"""The same for a searcher scoring its batch under π_ref without gradients (tba.models.logprobs.CHUNK_TOKENS
+positions at a time)."""
 
 
 def checkpointing_key(cfg: RunConfig) -> str:
-    """Where activation checkpointing is set: trainer.activation_checkpointing (for one process and for ranks), or
-    trainer.fsdp.activation_checkpointing while the schema still has it there."""
-    return ("trainer.activation_checkpointing" if pending(cfg.trainer, "activation_checkpointing", None) is not None
-            else "trainer.fsdp.activation_checkpointing")
+    """Where activation checkpointing is set (for one process and for ranks alike)."""
+    return "trainer.activation_checkpointing"
 
 
 def checkpointing(cfg: RunConfig) -> bool:
-    return bool(pending(cfg.trainer, "activation_checkpointing", None) or cfg.trainer.fsdp.activation_checkpointing)
+    return cfg.trainer.activation_checkpointing
 
 
 def compute_dtype(cfg: RunConfig) -> str:
@@ -96,7 +86,7 @@ def micro_batch_sequences(cfg: RunConfig) -> int:
     trainer.micro_batch_samples of them when a group's samples are split."""
     t = cfg.trainer
     groups = min(t.micro_batch_prompts, t.prompts_per_step // t.world_size)
-    split = pending(t, "micro_batch_samples", None)
+    split = t.micro_batch_samples
     return min(groups * t.samples_per_prompt, split) if split else groups * t.samples_per_prompt
 
 
@@ -115,9 +105,17 @@ def activation_bytes(shape: ModelShape, sequences: int, tokens: int, dtype_bytes
     return kept * dtype_bytes + n * 4 * h * dtype_bytes
 
 
+PLAIN_LOGIT_COPIES = 4
+"""trainer.logprob_chunk_tokens = 0 (the plain path): [positions × vocab] float32 tensors alive at its peak — the head's
+output, the gathered rows, their ÷ T copy kept for log-softmax's backward, logsumexp's exp."""
+
+
 def logit_bytes(positions: int, vocab: int, chunk: int, copies: int) -> int:
     """The log-probs' float32 logits: `copies` live [chunk × vocab] tensors, a chunk being at most `chunk` of the
-    batch's response positions (`logits_to_keep`: the response only)."""
+    batch's response positions (`logits_to_keep`: the response only); `chunk` 0: the plain path, every position at
+    once, PLAIN_LOGIT_COPIES of them."""
+    if not chunk:
+        return positions * vocab * 4 * PLAIN_LOGIT_COPIES
     return min(chunk, positions) * vocab * 4 * copies
 
 

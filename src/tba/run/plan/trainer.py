@@ -24,7 +24,6 @@ from tba.run.plan.ledger import BYTES, Occupant, Term
 from tba.run.plan.machine import Machine, device_key
 from tba.run.plan.terms import (
     CUDA_CONTEXT_BYTES,
-    DEFAULT_LOGPROB_CHUNK_TOKENS,
     LOGPROB_CHUNK_COPIES,
     PROCESS_BYTES,
     activation_bytes,
@@ -33,7 +32,6 @@ from tba.run.plan.terms import (
     kv_bytes,
     logit_bytes,
     micro_batch_sequences,
-    pending,
     root_params,
     synced_bytes,
 )
@@ -61,10 +59,11 @@ def _update_terms(cfg: RunConfig, shape: ModelShape, prompt: int, dtype: str) ->
     """One micro-batch's activations (in `dtype`) and its log-probs' chunked float32 logits."""
     sequences, response = micro_batch_sequences(cfg), cfg.search.max_new_tokens
     tokens, ckpt = prompt + response, checkpointing(cfg)
-    chunk = pending(cfg.trainer, "logprob_chunk_tokens", DEFAULT_LOGPROB_CHUNK_TOKENS)
+    chunk = cfg.trainer.logprob_chunk_tokens
     return [Term(f"activations ({sequences} sequences × {tokens} tokens{', checkpointed' if ckpt else ''})",
                  activation_bytes(shape, sequences, tokens, BYTES[dtype], ckpt), approximate=True, phase="update"),
-            Term(f"log-prob logits (float32, {chunk}-position chunks × {LOGPROB_CHUNK_COPIES})",
+            Term(f"log-prob logits (float32, {chunk}-position chunks × {LOGPROB_CHUNK_COPIES})" if chunk else
+                 "log-prob logits (float32, every response position: trainer.logprob_chunk_tokens=0)",
                  logit_bytes(sequences * (response + 1), shape.vocab, chunk, LOGPROB_CHUNK_COPIES),
                  approximate=True, phase="update")]
 
