@@ -114,7 +114,7 @@ class StubCheckpoints:
     def __init__(self, run_dir, saved: list, keep: int = 0):
         self.run_dir, self.saved, self.keep = run_dir, saved, keep
 
-    def save(self, step, *, optimizer, state, reference=None):
+    def save(self, step, *, trainer, state):
         self.saved.append((step, state))
 
     def buffer_marks(self):

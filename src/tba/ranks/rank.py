@@ -34,6 +34,7 @@ import torch.distributed as dist
 from tba.algorithm.trainer import Trainer, _Tally
 from tba.config.fsdp import FSDPConfig
 from tba.models import DTYPES, save_buckets, synced_tensors
+from tba.models.logprobs import response_logprobs
 from tba.ranks import fsdp
 
 logger = logging.getLogger(__name__)
@@ -84,14 +85,13 @@ class ShardedReference:
     """TBA′'s own π_ref, sharded like the policy (FSDP2, forward only, in the compute dtype): its log-probs are a
     collective forward on every rank; a reset copies each rank's policy shards into its reference shards, locally."""
 
-    def __init__(self, model: torch.nn.Module, every: int | None, policy: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, every: int | None, policy: torch.nn.Module, chunk_tokens: int):
         self.model, self.every, self.policy = model.eval().requires_grad_(False), every, policy
+        self.chunk_tokens = chunk_tokens
 
     @torch.no_grad()
     def logprobs(self, prompts, responses, temperature: float, pad_id: int) -> torch.Tensor:
-        from tba.models.generation import response_logprobs
-
-        return response_logprobs(self.model, prompts, responses, temperature, pad_id)[0]
+        return response_logprobs(self.model, prompts, responses, temperature, pad_id, self.chunk_tokens)[0]
 
     def updated(self, policy_state, version: int) -> None:
         if self.every and version % self.every == 0:
@@ -303,7 +303,7 @@ def build(parts: RankParts, rank: int, world: int, device: torch.device) -> Rank
         fsdp.load_full(ref, whole.state_dict() if whole is not None else None)
         fsdp.broadcast_buffers(ref, whole)
         del whole
-        reference = ShardedReference(ref, every, policy)
+        reference = ShardedReference(ref, every, policy, args["cfg"].logprob_chunk_tokens)
     trainer = RankTrainer(policy, rank=rank, world=world, parts=parts, models=models, device=device,
                           reference=reference, **args)
     trainer.rss_start_gb = rss_start
