@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import signal
 import socket
 import threading
 from collections.abc import Callable
@@ -40,6 +41,10 @@ def batch_for(sampler, slots: int) -> Callable[[], Batch]:
 
         return lambda: VLLMBatch(sampler)
     raise UserError(f"tba serve: {type(sampler).__name__} has no serving batch; the hf and vllm backends have")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 class _Uvicorn(uvicorn.Server):
@@ -99,12 +104,19 @@ class Server:
         return self._uvicorn
 
     def run(self, on_ready: Callable[[], None] | None = None) -> None:
-        """Serve in this thread until Ctrl-C / SIGTERM (or `close()` from another thread), then stop the engine."""
+        """Serve in this thread until Ctrl-C / SIGTERM (or `close()` from another thread), then stop the engine.
+        uvicorn shuts down gracefully on either signal and then raises it again; both end here as a return."""
         if not self.engine.running:
             self.engine.start()
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
         try:
             self._server(on_ready).run(sockets=[self.socket])
+        except KeyboardInterrupt:
+            pass
         finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
             self.close()
 
     def start(self, timeout: float = 30.0) -> Server:
