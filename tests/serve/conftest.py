@@ -4,6 +4,7 @@ template in the Hermes/Qwen style (tools in a system turn, calls as <tool_call> 
 
 import httpx
 import pytest
+from scripted import MODEL
 
 from tba.config.schema import TinyModelConfig
 from tba.models.builtin import build_tiny_model, train_tokenizer
@@ -16,7 +17,6 @@ TEMPLATE = (
     "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
 CORPUS = ["<|user|>What is 12+34?<eos><|assistant|>46<eos>", "<|system|>tools: add <eos>",
           '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "Let me call a tool."]
-MODEL = "tiny-chat"
 
 
 @pytest.fixture(scope="session")

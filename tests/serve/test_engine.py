@@ -6,46 +6,10 @@ import contextlib
 import time
 
 import pytest
+from scripted import Scripted
 
-from tba.serve.engine import EngineLoop, Params, Token
+from tba.serve.engine import EngineLoop, Params
 from tba.serve.server import batch_for
-
-
-class Scripted:
-    """A batch that answers every sample with `script`, one token per step (and can be told to fail)."""
-
-    def __init__(self, script=(5, 6, 2), fail=False, delay=0.0):
-        self.script, self.fail, self.delay, self.rows, self.cancelled = list(script), fail, delay, {}, []
-
-    def add(self, rid, prompt, params):
-        for i in range(params.n):
-            self.rows[rid, i] = 0
-
-    def cancel(self, rid):
-        self.cancelled.append(rid)
-        self.rows = {k: v for k, v in self.rows.items() if k[0] != rid}
-
-    def step(self, version):
-        if self.fail:
-            raise RuntimeError("the model fell over")
-        time.sleep(self.delay)
-        out = []
-        for (rid, i), at in list(self.rows.items()):
-            last = at == len(self.script) - 1
-            out.append(Token(rid, i, self.script[at], -0.5, version, None, "stop" if last else None))
-            if last:
-                del self.rows[rid, i]
-            else:
-                self.rows[rid, i] = at + 1
-        return out
-
-    @property
-    def active(self):
-        return len(self.rows)
-
-    @property
-    def idle(self):
-        return not self.rows
 
 
 async def _collect(engine, prompt, params):
