@@ -71,10 +71,9 @@ class VLLMBatch:
             starts, ends = lp.start_indices[-len(new):], lp.end_indices[-len(new):]
             for j, (tok, a, b) in enumerate(zip(new, starts, ends, strict=True)):
                 top = None
-                if params.top_logprobs:  # the sampled token first, then the ranked candidates
-                    entries = zip(lp.token_ids[a:b], lp.logprobs[a:b], lp.ranks[a:b], strict=True)
-                    ranked = sorted((r, t, v) for t, v, r in entries if r is not None and r <= params.top_logprobs)
-                    top = [(t, v) for _, t, v in ranked][:params.top_logprobs]
+                if params.top_logprobs:  # the sampled token first (even if it is among them), then the top k
+                    entries = zip(lp.token_ids[a + 1:b], lp.logprobs[a + 1:b], lp.ranks[a + 1:b], strict=True)
+                    top = [(t, v) for _, t, v in sorted((r or 0, t, v) for t, v, r in entries)][:params.top_logprobs]
                 last = out.finished and j == len(new) - 1
                 finish = (completion.finish_reason or "stop") if last else None
                 events.append(Token(rid, index, tok, lp.logprobs[a], version, top, finish))
