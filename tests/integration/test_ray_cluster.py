@@ -86,7 +86,8 @@ def test_searchers_run_on_the_second_node_of_a_two_node_cluster(tmp_path):
         out = tmp_path / "run"
         run = sh(str(BIN / "tba"), "train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path / 'cache'}",
                  "runtime=ray", f"ray.address=127.0.0.1:{port}", "search.num_searchers=2",
-                 "ray.searcher_resources={searcher: 1}", "sft.enabled=false", timeout=600)
+                 "ray.searcher_resources={searcher: 1}", "sft.enabled=false",
+                 "supervision.ready_timeout_s=900", timeout=1500)  # a loaded 2-core machine starts workers slowly
         assert run.returncode == 0, run.stderr[-3000:]
         placed = {s["node_id"] for s in json.loads((out / "summary.json").read_text())["searchers"]}
 

@@ -25,7 +25,8 @@ def test_kill_9_searcher_is_restarted_and_the_run_completes(tmp_path, capsys, ru
     killer = threading.Thread(target=kill_searcher_after, args=(out, runtime, 5, killed), daemon=True)
     killer.start()
     code = main(["train", *TINY, f"output_dir={out}", f"sft.cache_dir={tmp_path.parent / 'sft-cache'}",
-                 f"runtime={runtime}", "mode=sync", "trainer.steps=30", "trainer.sync_every_steps=1"])
+                 f"runtime={runtime}", "mode=sync", "trainer.steps=30", "trainer.sync_every_steps=1",
+                 "supervision.ready_timeout_s=900"])  # a loaded 2-core machine restarts a Ray worker slowly
     killer.join(timeout=1)
     err = capsys.readouterr().err
     assert killed, "no searcher process was found to kill"

@@ -107,7 +107,7 @@ def test_an_exported_lora_model_serves_with_vllm_and_decodes_as_the_policy(tmp_p
 
     from runs import child_processes
 
-    deadline = time.monotonic() + 15  # the engine-core process exits shortly after shutdown()
+    deadline = time.monotonic() + 120  # the engine-core process exits after shutdown(); slowly under load
     while child_processes() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not child_processes()
