@@ -63,7 +63,7 @@ def render(results: dict) -> None:
     settings = {"samples", "temperature", "top_p", "threshold"}
     head = (f"n={sampled.get('samples')}, T={sampled.get('temperature')}, seed {results['seed']}" if sampled else "")
     for i, (name, value) in enumerate((k, v) for k, v in sampled.items() if k not in settings):
-        table.add_row(head if i == 0 else "", escape("mean reward (score)" if name == "score" else name),
+        table.add_row(head if i == 0 else "", escape(name),
                       f"{value:.4g}")
     Console(soft_wrap=True).print(table)
 

@@ -191,7 +191,7 @@ def _sampled(cfg, task, tokenizer, workers: Workers, options: EvalOptions, track
         episodes = play_episodes(workers.model, tokenizer, task, task.test, s_cfg, limits(cfg))
         done()
         values = [e.reward or 0.0 for e in episodes]
-        return out | episode_summary(task, episodes) | pass_metrics(values, n, options.ks, options.threshold)
+        return out | _own(episode_summary(task, episodes)) | pass_metrics(values, n, options.ks, options.threshold)
     chunk = max(1, s_cfg.batch_size // n)
     jobs = [[Request(s_cfg, Share(piece), options.seed + i if j == 0 else None)
              for j, piece in enumerate(_pieces(share.prompts, chunk))]
@@ -200,7 +200,12 @@ def _sampled(cfg, task, tokenizer, workers: Workers, options: EvalOptions, track
     results = workers.run(jobs, done)
     c = joined([r for worker in results for r in worker])
     values = rewards(task, c)
-    return out | task_metrics(task, c) | pass_metrics(values, n, options.ks, options.threshold)
+    return out | _own(task_metrics(task, c)) | pass_metrics(values, n, options.ks, options.threshold)
+
+
+def _own(metrics: dict) -> dict:
+    """The task's metrics of the samples, their `score` (the mean reward) left to pass_metrics' reward_mean."""
+    return {k: v for k, v in metrics.items() if k != "score"}
 
 
 def default_out(results: dict, name: str | None = None) -> Path:
