@@ -232,7 +232,8 @@ def plot_figure(plt, runs: list[Run], panels: list, path: Path) -> None:
         ax.set_xlabel(f"wall clock since launch ({unit})" if x == WALL else "update (trainer step)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        if drawn and (len(runs) > 1 or len(keys) > 1):
+        evals = x == STEP and keys[0][0] == "eval/score" and any(r.evals for r in runs)
+        if drawn and (len(runs) > 1 or len(keys) > 1 or evals):
             ax.legend(fontsize=8)
     fig.tight_layout()  # no suptitle: the page's heading above the image names the figure
     fig.savefig(path, dpi=100)
