@@ -39,6 +39,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tba.errors import raised
 from tba.tasks.base import Prompt
 
 END_REASONS = ("done", "max_turns", "token_budget", "error", "timeout", "bad_observation")
@@ -115,8 +116,11 @@ class _Caller:
             fn, args, box, done = job
             try:
                 box["value"] = fn(*args)
-            except BaseException:
-                box["error"] = traceback.format_exc(limit=-2).strip()
+            except BaseException as e:
+                who = getattr(fn, "__qualname__", repr(fn))
+                # the first line says what raised; the traceback after it is for the log file (tba.algorithm.monitor)
+                box["error"] = f"{raised(who, e)}\n{traceback.format_exc(limit=-2).strip()}"
+                box["timeout"] = isinstance(e, TimeoutError)  # the environment's own timeout (a remote step's)
             done.set()
 
     def __call__(self, fn, *args):
@@ -127,7 +131,7 @@ class _Caller:
             self._start()
             return None, ("timeout", f"{getattr(fn, '__qualname__', fn)} did not return within {self.timeout_s} s")
         if "error" in box:
-            return None, ("error", box["error"])
+            return None, ("timeout" if box["timeout"] else "error", box["error"])
         return box.get("value"), None
 
     def close(self) -> None:
