@@ -117,7 +117,7 @@ class _Caller:
             try:
                 box["value"] = fn(*args)
             except BaseException as e:
-                who = getattr(fn, "__qualname__", repr(fn))
+                who = getattr(e, "raised_in", None) or getattr(fn, "__qualname__", repr(fn))  # a reward function's name
                 # the first line says what raised; the traceback after it is for the log file (tba.algorithm.monitor)
                 box["error"] = f"{raised(who, e)}\n{traceback.format_exc(limit=-2).strip()}"
                 box["timeout"] = isinstance(e, TimeoutError)  # the environment's own timeout (a remote step's)
