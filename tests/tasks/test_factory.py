@@ -176,8 +176,8 @@ def test_tbatrainer_trains_on_an_environment_factory(tmp_path, tiny_model, tiny_
     model = tmp_path / "tiny"
     save_checkpoint(tiny_model, tokenizer, model)
     args = TBAConfig.from_yaml(None, f"output_dir={tmp_path / 'run'}", *QUICK)
-    trainer = TBATrainer(model=str(model), environment_factory=Shop, reward_funcs=[spent_the_answer, raises_on_odd_budgets],
-                         train_dataset=rows(), args=args)
+    trainer = TBATrainer(model=str(model), environment_factory=Shop, train_dataset=rows(), args=args,
+                         reward_funcs=[spent_the_answer, raises_on_odd_budgets])
     summary = trainer.train()
     assert summary["trainer_steps"] == 2 and "reward/spent_the_answer" in summary["eval_end"]
     assert "tool/called_share" in summary["eval_end"]
