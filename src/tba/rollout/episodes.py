@@ -1,8 +1,8 @@
 """Multi-turn episodes: the policy acts, an environment answers, until the episode ends with a reward.
 
 A task becomes multi-turn by defining `environment(prompt)`, which returns a fresh `Environment` for one
-episode (TRL's `environment_factory`: one instance per rollout). The environment sees the policy's turns as
-text and answers with text:
+episode (tba's protocol; TRL's environment_factory and OpenEnv servers are adapted to it: tba.tasks.factory,
+tba.tasks.openenv). The environment sees the policy's turns as text and answers with text:
 
     env.reset(prompt)          optional; called once before the first turn
     env.step(action) -> str | None

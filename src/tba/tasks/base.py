@@ -58,7 +58,7 @@ class Task(Protocol):
 
 
 class Environment(Protocol):
-    """One episode of a multi-turn task (TRL's environment shape); `reset(prompt)` is optional."""
+    """One episode of a multi-turn task (tba's protocol: docs/environments.md); `reset(prompt)` is optional."""
 
     def step(self, action: str) -> str | None:
         """The text after the policy's turn `action` (decoded, special tokens removed), or None to end."""
