@@ -58,14 +58,29 @@ class TBATrainer:
     def __init__(self, model=None, reward_funcs: Callable | list | None = None, args: RunConfig | None = None,
                  train_dataset=None, eval_dataset=None, processing_class=None,
                  reward_weights: list[float] | None = None, callbacks: list[Callable] | None = None,
-                 peft_config=None):
+                 peft_config=None, environment_factory: Callable | None = None, rollout_func: Callable | None = None):
         cfg = copy.deepcopy(args) if args is not None else TBAConfig()
         if model is not None:
             cfg.model.policy = model if isinstance(model, str | Path) else "<in memory>"
             cfg.sft.enabled = False
         self._model_object = None if model is None or isinstance(model, str | Path) else model
         self.processing_class = processing_class
-        if train_dataset is not None or reward_funcs is not None:
+        if rollout_func is not None:
+            raise ConfigError(ROLLOUT_FUNC)
+        if environment_factory is not None:
+            if train_dataset is None:
+                raise ConfigError("environment_factory: give train_dataset too — each row is handed to reset(**row); "
+                                  "TRL's dataset-free mode, where reset writes the prompt, is not supported")
+            options = {"source": train_dataset, "environment_factory": environment_factory}
+            if reward_funcs is not None:
+                options["reward"] = reward_funcs
+            if eval_dataset is not None:
+                options["test_source"] = eval_dataset
+            if reward_weights is not None:
+                options["reward_weights"] = list(reward_weights)
+            kept = cfg.task.options if cfg.task.name == "factory" else None
+            cfg.task.name, cfg.task.options = "factory", {**(kept or {}), **options}
+        elif train_dataset is not None or reward_funcs is not None:
             if train_dataset is None or reward_funcs is None:
                 raise ConfigError("train_dataset and reward_funcs go together: the dataset task needs both")
             options = {"source": train_dataset, "reward": reward_funcs}
@@ -130,6 +145,14 @@ class TBATrainer:
         return str(start)
 
 
+ROLLOUT_FUNC = (
+    "rollout_func: tba has no hook of this shape to alias. TRL's rollout_func(prompts, trainer) generates through the "
+    "trainer and returns prompt_ids / completion_ids / logprobs; tba generates in searcher processes with a stale "
+    "copy of the policy, so the same loop is written as an environment: environment_factory=Cls (tools) or a task "
+    "with environment(prompt) (step / get_reward), both token-exact (docs/environments.md)")
+"""Why `rollout_func` is refused: what it is in TRL, and what does its work in tba."""
+
+
 def lora_section(peft_config):
     """A peft.LoraConfig as the `model.lora` section (what tba trains with PEFT)."""
     from tba.config.schema import LoraConfig
@@ -144,11 +167,12 @@ def check_crossing(cfg: RunConfig) -> None:
     """Reward functions and datasets given as Python objects must reach the searcher processes: pickled by
     reference on runtime=local, by Ray's cloudpickle on runtime=ray. Fail before training, naming what cannot
     cross and what to do instead."""
-    if cfg.runtime not in ("local", "ray") or cfg.task.name != "dataset":
+    if cfg.runtime not in ("local", "ray") or cfg.task.name not in ("dataset", "factory"):
         return
     options = cfg.task.options or {}
     rewards = options.get("reward")
-    for fn in rewards if isinstance(rewards, list | tuple) else [rewards]:
+    rewards = list(rewards) if isinstance(rewards, list | tuple) else [rewards]
+    for fn in [*rewards, options.get("environment_factory")]:
         if fn is None or isinstance(fn, str):
             continue
         name = getattr(fn, "__qualname__", repr(fn))

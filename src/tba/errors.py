@@ -20,3 +20,11 @@ class ConfigError(UserError, ValueError):
 
     exit_code = 2
     label = "config error"
+
+
+def raised(who: str, exc: BaseException, limit: int = 300) -> str:
+    """What raised, on one line: `who raised Type: message` (the message's line breaks become spaces, cut at `limit`
+    characters) — how a warning names a user's function that failed; its traceback goes to the log file."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return f"{who} raised {type(exc).__name__}" + (f": {text}" if text else "")

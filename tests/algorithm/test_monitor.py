@@ -44,3 +44,52 @@ def test_episodes_ended_reads_the_searchers_counters():
     stats = {"searcher/restarts": 0.0, "episode/ended_done": 12.0, "episode/ended_timeout": 3.0}
     assert episodes_ended(stats) == {"done": 12, "timeout": 3}
     assert episodes_ended({"searcher/restarts": 0.0}) == {}
+
+
+def test_a_dropped_sample_is_one_line_naming_what_raised_and_its_traceback_goes_to_the_log_file():
+    """An environment that raises: the warning names its method and the exception in one line; the traceback goes
+    to the `tba.tracebacks` logger only (the run's errors.log), never the console's loggers."""
+    import logging
+
+    from tba.algorithm.monitor import tracebacks
+    from tba.algorithm.runtime import RuntimeReport
+    from tba.rollout.episodes import _Caller
+
+    class Env:
+        def step(self, action):
+            raise KeyError("no such room")
+
+    call = _Caller(5.0)
+    _, (reason, error) = call(Env().step, "north")
+    call.close()
+    assert reason == "error" and error.splitlines()[0].endswith("<locals>.Env.step raised KeyError: 'no such room'")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tracebacks.addHandler(handler)
+    try:
+        report = RuntimeReport({"searcher/rewards_dropped": 3}, [], [], f"prompt 4: episode ended by error: {error}")
+        message = monitor().dropped_samples(report)
+    finally:
+        tracebacks.removeHandler(handler)
+    assert "\n" not in message and "Traceback" not in message
+    assert message.startswith("3 samples dropped: reward raised or was not finite (total 3); last: prompt 4: episode "
+                              "ended by error: ") and "Env.step raised KeyError: 'no such room'" in message
+    assert message.endswith("its traceback in the run's errors.log")
+    (record,) = records
+    assert "Traceback" in record.getMessage() and 'raise KeyError("no such room")' in record.getMessage()
+    assert not tracebacks.propagate
+
+
+def test_a_reward_function_that_raises_is_named_by_the_dataset_task():
+    from tba.tasks.base import TaskAdapter
+    from tba.tasks.dataset import DatasetTask
+
+    def picky(completions, **kwargs):
+        raise ValueError("wants\na digit")
+
+    task = TaskAdapter(DatasetTask([{"prompt": f"{i}?"} for i in range(12)], reward=picky))
+    values, error = task.batch_rewards(task.train[:2], ["a", "b"], [True, True])
+    assert values == [None, None]
+    assert error.splitlines()[0] == "prompts [0, 1]: reward function picky raised ValueError: wants a digit"
+    assert "Traceback" in error

@@ -10,12 +10,19 @@ the order of operations and nothing else.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 from tba.algorithm.runtime import RuntimeReport
 from tba.algorithm.state import RunState
 from tba.algorithm.timeout import LearntTimeout
+
+tracebacks = logging.getLogger("tba.tracebacks")
+"""The tracebacks of what raised in a user's code (a reward, an environment): the warning names it in one line, the
+run writes the traceback to its errors.log (tba.run.train). It does not propagate: a console never shows them."""
+tracebacks.propagate = False
+tracebacks.setLevel(logging.DEBUG)
 
 NO_FRESH_WARN_S = 60.0
 """The aging-buffer warning's cap: an async trainer with no fresh samples for this long says so. Sooner when
@@ -94,8 +101,11 @@ class Monitor:
         if dropped <= self.warned_dropped:
             return None
         new, self.warned_dropped = dropped - self.warned_dropped, dropped
-        return (f"{new} samples dropped: reward raised or was not finite (total {dropped}); "
-                f"last: {report.reward_error or '?'}")
+        last, _, trace = (report.reward_error or "?").partition("\n")
+        if trace:
+            tracebacks.debug(f"{last}\n{trace}")
+        return (f"{new} samples dropped: reward raised or was not finite (total {dropped}); last: {last}"
+                + ("; its traceback in the run's errors.log" if trace else ""))
 
     def replay_ahead(self, ratio: float, threshold: float | None, *, received: int, drawn: int,
                      ended: dict[str, int]) -> str | None:

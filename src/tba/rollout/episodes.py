@@ -1,8 +1,8 @@
 """Multi-turn episodes: the policy acts, an environment answers, until the episode ends with a reward.
 
 A task becomes multi-turn by defining `environment(prompt)`, which returns a fresh `Environment` for one
-episode (TRL's `environment_factory`: one instance per rollout). The environment sees the policy's turns as
-text and answers with text:
+episode (tba's protocol; TRL's environment_factory and OpenEnv servers are adapted to it: tba.tasks.factory,
+tba.tasks.openenv). The environment sees the policy's turns as text and answers with text:
 
     env.reset(prompt)          optional; called once before the first turn
     env.step(action) -> str | None
@@ -39,6 +39,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tba.errors import raised
 from tba.tasks.base import Prompt
 
 END_REASONS = ("done", "max_turns", "token_budget", "error", "timeout", "bad_observation")
@@ -115,8 +116,11 @@ class _Caller:
             fn, args, box, done = job
             try:
                 box["value"] = fn(*args)
-            except BaseException:
-                box["error"] = traceback.format_exc(limit=-2).strip()
+            except BaseException as e:
+                who = getattr(e, "raised_in", None) or getattr(fn, "__qualname__", repr(fn))  # a reward function's name
+                # the first line says what raised; the traceback after it is for the log file (tba.algorithm.monitor)
+                box["error"] = f"{raised(who, e)}\n{traceback.format_exc(limit=-2).strip()}"
+                box["timeout"] = isinstance(e, TimeoutError)  # the environment's own timeout (a remote step's)
             done.set()
 
     def __call__(self, fn, *args):
@@ -127,7 +131,7 @@ class _Caller:
             self._start()
             return None, ("timeout", f"{getattr(fn, '__qualname__', fn)} did not return within {self.timeout_s} s")
         if "error" in box:
-            return None, ("error", box["error"])
+            return None, ("timeout" if box["timeout"] else "error", box["error"])
         return box.get("value"), None
 
     def close(self) -> None:

@@ -7,6 +7,7 @@
     RUN_DIR/metrics.jsonl          one line per trainer step; tensorboard/ the same as scalars
     RUN_DIR/checkpoint/            final policy, save_pretrained (what users load)
     RUN_DIR/summary.json           before/after accuracy and run counters
+    RUN_DIR/errors.log             tracebacks of what raised in the user's code (a reward, an environment), when any
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from tba.errors import UserError
 
 RUN_FILES = ("buffer.sqlite", "buffer.sqlite-wal", "buffer.sqlite-shm", "checkpoints", "metrics.jsonl",
-             "metrics.interrupted.jsonl", "summary.json", "tensorboard", "checkpoint", "init")
+             "metrics.interrupted.jsonl", "summary.json", "tensorboard", "checkpoint", "init",
+             "errors.log")
 
 
 class RunDirError(UserError, RuntimeError):

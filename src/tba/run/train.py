@@ -15,7 +15,7 @@ import torch
 import tba.run.checkpoint as ckpt
 import tba.run.rundir as rundir
 from tba.algorithm.loop import Loop
-from tba.algorithm.monitor import Monitor
+from tba.algorithm.monitor import Monitor, tracebacks
 from tba.algorithm.seeding import seed_everything, set_rng_state
 from tba.algorithm.state import RunState
 from tba.config import RunConfig, plain, save_config, to_dict
@@ -67,6 +67,9 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, set_
                 logger=metrics, state=state, monitor=monitor, resumed=resume_from is not None,
                 progress=RunControl(cfg.trainer.steps, enabled=cfg.logging.progress, start=state.step,
                                     plain_every_s=cfg.logging.plain_every_s))
+    errors_log = logging.FileHandler(out / "errors.log", delay=True)  # written only when something raised
+    errors_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    tracebacks.addHandler(errors_log)
     try:
         totals = loop.run()
         if run.trainer.sharded:  # the ranks write it from their master weights, before they end
@@ -76,6 +79,8 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, set_
         try:
             loop.close()
         finally:
+            tracebacks.removeHandler(errors_log)
+            errors_log.close()
             run.trainer.close()
     summary = run_summary(state, run, totals)
     if not run.trainer.sharded:

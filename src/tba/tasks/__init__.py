@@ -42,6 +42,10 @@ TASKS: dict[str, TaskEntry] = {e.name: e for e in (
               "red-teaming: attack prompts scored by a toxicity classifier on a victim's answers"),
     TaskEntry("dataset", "tba.tasks.dataset:DatasetTask", False,
               "any dataset with a prompt column, scored by reward functions with TRL's signature"),
+    TaskEntry("factory", "tba.tasks.factory:FactoryTask", False,
+              "TRL's environment_factory: dataset rows played against an environment class, its methods as tools"),
+    TaskEntry("openenv", "tba.tasks.openenv:OpenEnvTask", False,
+              "an OpenEnv environment server (task.options.url, or app= to serve one locally) as a multi-turn task"),
 )}
 
 __all__ = ["TASKS", "TaskEntry"]

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tba.errors import ConfigError, UserError
+from tba.errors import ConfigError, UserError, raised
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Task(Protocol):
 
 
 class Environment(Protocol):
-    """One episode of a multi-turn task (TRL's environment shape); `reset(prompt)` is optional."""
+    """One episode of a multi-turn task (tba's protocol: docs/environments.md); `reset(prompt)` is optional."""
 
     def step(self, action: str) -> str | None:
         """The text after the policy's turn `action` (decoded, special tokens removed), or None to end."""
@@ -100,6 +100,12 @@ class RewardError(UserError, ValueError):
     would fail the same way, so the run stops, naming the function."""
 
     label = "reward error"
+
+
+def raised_in(who: str, e: Exception) -> str:
+    """What raised, on the first line — `e.raised_in` where the code that called it named the function (the dataset
+    task names the reward function), else `who` — and the traceback after it, for the log file."""
+    return f"{raised(getattr(e, 'raised_in', who), e)}\n{traceback.format_exc(limit=-2).strip()}"
 
 
 def _finite(value, who: str, what: str) -> float | None:
@@ -216,9 +222,9 @@ class TaskAdapter:
             for p, c in zip(prompts, completions, strict=True):
                 try:
                     raw = self._reward(p, c)
-                except Exception:
+                except Exception as e:
                     values.append(None)
-                    error = f"prompt {p.id}: {traceback.format_exc(limit=-2).strip()}"
+                    error = f"prompt {p.id}: {raised_in(who, e)}"
                     continue
                 value = _finite(raw, who, f"for prompt {p.id}")
                 values.append(value)
@@ -231,9 +237,9 @@ class TaskAdapter:
                           **({"completion_ids": completion_ids} if self._rewards_take_ids else {}))
         except RewardError:
             raise
-        except Exception:
+        except Exception as e:
             ids = sorted({p.id for p in prompts})
-            return [None] * n, f"prompts {ids[:8]}: {traceback.format_exc(limit=-2).strip()}"
+            return [None] * n, f"prompts {ids[:8]}: {raised_in(who, e)}"
         if not isinstance(raw, list | tuple) or len(raw) != n:
             got = f"{len(raw)} values" if isinstance(raw, list | tuple) else f"{type(raw).__name__} {raw!r:.60}"
             raise RewardError(f"{who} returned {got} for {n} completions; it must return a list of {n} numbers "

@@ -154,7 +154,12 @@ class DatasetTask:
         total: list[float | None] = [None] * len(completions)
         self._last = {}
         for fn, name, weight in zip(self.functions, self.reward_names, self.weights, strict=True):
-            values = _checked(_call(fn, kwargs), name, len(completions))
+            try:
+                out = _call(fn, kwargs)
+            except Exception as e:
+                e.raised_in = f"reward function {name}"  # the warning names it (tba.tasks.base.raised_in)
+                raise
+            values = _checked(out, name, len(completions))
             scored = [v for v in values if v is not None and math.isfinite(v)]
             self._last[f"reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
             for i, v in enumerate(values):

@@ -68,7 +68,8 @@ def apply_chat_template(task, tokenizer, every_prompt: bool = True) -> None:
         if "messages" not in p.meta and not every_prompt:
             return p
         messages = p.meta.get("messages") or [{"role": "user", "content": p.text}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        tools = {"tools": p.meta["tools"]} if p.meta.get("tools") else {}  # JSON schemas the template renders
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **tools)
         return dataclasses.replace(p, text=text)
 
     task.train = [wrap(p) for p in task.train]

@@ -41,12 +41,17 @@ def chat_turn(tokenizer, role: str, content: str) -> str:
     `content`, up to the next assistant turn's start — what an environment returns so that a chat model sees
     its usual format. Rendered as the difference of two renderings (template text before the assistant's
     reply is not repeated). A tokenizer without a chat template gets `\\n{content}\\n`."""
+    return chat_messages(tokenizer, [{"role": role, "content": content}])
+
+
+def chat_messages(tokenizer, messages: list[dict]) -> str:
+    """`chat_turn` of several messages at once (each tool call's result, as TRL appends them): what the template
+    puts after an assistant turn for `messages`, up to the next assistant turn's start."""
     if not getattr(tokenizer, "chat_template", None):
-        return f"\n{content}\n"
+        return "".join(f"\n{m['content']}\n" for m in messages)
     base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
     before = tokenizer.apply_chat_template(base, tokenize=False)
-    after = tokenizer.apply_chat_template([*base, {"role": role, "content": content}], tokenize=False,
-                                          add_generation_prompt=True)
+    after = tokenizer.apply_chat_template([*base, *messages], tokenize=False, add_generation_prompt=True)
     # the policy's turn ended with EOS (the template's end-of-turn token): what follows EOS is the environment's
     marker = "y" + (tokenizer.eos_token or "")
     cut = before.rfind(marker)
