@@ -12,8 +12,8 @@ activation (trainer.activation_checkpointing) and the no-grad scoring pass of sp
 * Attention: 12·L·H·T per token, H = heads × head dim and T the length of the sequence the token is in
   (the QKᵀ and AV matmuls, 2 × 2·H·T forward, tripled for backward; not halved for the causal mask, as PaLM).
 * Prompts shared by a group (trainer.shared_prompts): the prompt runs once per group, its tokens' T is the prompt's
-  length, and each response token's T is prompt + response. Otherwise every sample is its own sequence of
-  prompt + response tokens.
+  length, then each response but its last token (predicted, never input), each of T = prompt + response. Otherwise
+  every sample is its own sequence of prompt + response tokens.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class ModelFlops:
         for prompt, responses in groups:
             heads += sum(responses)
             if shared_prompts:
-                tokens += prompt + sum(responses)
-                context += prompt * prompt + sum(r * (prompt + r) for r in responses)
+                tokens += prompt + sum(r - 1 for r in responses)
+                context += prompt * prompt + sum((r - 1) * (prompt + r) for r in responses)
             else:
                 tokens += sum(prompt + r for r in responses)
                 context += sum((prompt + r) ** 2 for r in responses)
