@@ -1,5 +1,5 @@
-"""trainer/mfu's denominator: a GPU's peak from the table by the name torch reports, a CPU's measured once and
-cached."""
+"""trainer/mfu's denominator: a GPU's peak from the table by the name torch reports, a CPU's measured and cached as
+the best measured."""
 
 import json
 
@@ -37,18 +37,20 @@ def test_a_cuda_device_is_looked_up_by_its_name(monkeypatch):
     assert device_peak(torch.device("cuda", 0), "float32") is None
 
 
-def test_the_cpu_rate_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+def test_the_cpu_rate_is_cached_as_the_best_measured(tmp_path, monkeypatch):
     cache = tmp_path / "gemm_peak.json"
     first = cpu_peak("float32", cache=cache)
     assert first.flops > 1e8  # any CPU this runs on does 0.1 GFLOP/s
     (key,) = json.loads(cache.read_text())
     assert "float32" in key and f"{torch.get_num_threads()} threads" in key
-
-    def unmeasured(*args, **kwargs):
-        raise AssertionError("measured again")
-
-    monkeypatch.setattr(peak, "measure_gemm", unmeasured)
+    monkeypatch.setattr(peak, "measure_gemm", lambda dtype: first.flops / 2)  # a busy machine measures low
     assert cpu_peak("float32", cache=cache).flops == first.flops
+    assert json.loads(cache.read_text())[key] == first.flops
+    monkeypatch.setattr(peak, "measure_gemm", lambda dtype: first.flops * 2)  # a quiet one: the peak rises
+    assert cpu_peak("float32", cache=cache).flops == first.flops * 2 == json.loads(cache.read_text())[key]
+    assert len(json.loads(cache.read_text())) == 1
+    cpu_peak("bfloat16", cache=cache)  # each dtype its own
+    assert len(json.loads(cache.read_text())) == 2
 
 
 def test_the_measurement_takes_under_a_second():

@@ -1,6 +1,7 @@
 """A device's peak FLOP/s, the denominator of `trainer/mfu`: a GPU's from NVIDIA's datasheets (the table below), a
-CPU's measured — the best of a few torch.matmul calls at startup, in the trainer's dtype and thread count, cached
-per machine in $TBA_CACHE/gemm_peak.json (~/.cache/tba) so that later runs take no time and compare alike.
+CPU's measured — the best of a few torch.matmul calls at startup (about 0.3 s), in the trainer's dtype and thread count,
+kept per machine in $TBA_CACHE/gemm_peak.json (~/.cache/tba) as the best ever measured there, so that a measurement
+taken while other work loaded the machine does not stand (it would inflate the mfu of every later run).
 
 GPU rates are dense (no structured sparsity: the datasheets' "with sparsity" halved); float32 is the non-tensor-core
 rate that torch uses by default (its float32 matmul precision "highest"; a run that allows TF32 gets no mfu).
@@ -80,10 +81,18 @@ def cpu_name() -> str:
 
 
 def measure_gemm(dtype: torch.dtype, n: int = 1024, budget_s: float = 0.3) -> float:
-    """The best FLOP/s of n×n matmuls in `dtype` on this CPU at torch's current thread count, over about `budget_s`
-    seconds (at least 3 calls after one warm-up)."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    torch.matmul(a, b)
+    """The best FLOP/s of square matmuls in `dtype` on this CPU at torch's current thread count, over about
+    `budget_s` seconds (at least 3 calls). The size grows from 256 to `n` while a call takes under 10 ms: a slow
+    dtype (float16 without native support runs at a few GFLOP/s) is measured small and stays well under a second."""
+    size = 256
+    while True:
+        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+        t = time.perf_counter()
+        torch.matmul(a, b)  # also the warm-up of this size
+        if size >= n or time.perf_counter() - t > 0.01:
+            break
+        size *= 2
+    n = size
     best, start, calls = float("inf"), time.perf_counter(), 0
     while calls < 3 or (time.perf_counter() - start < budget_s and calls < 100):
         t = time.perf_counter()
@@ -93,8 +102,9 @@ def measure_gemm(dtype: torch.dtype, n: int = 1024, budget_s: float = 0.3) -> fl
 
 
 def cpu_peak(dtype: str, *, cache: Path | None = None) -> Peak:
-    """This CPU's measured matmul rate in `dtype` at torch's current thread count, from the cache when it holds one
-    for this CPU, torch version, dtype and thread count."""
+    """This CPU's matmul peak in `dtype` at torch's current thread count: the best rate ever measured here for this
+    CPU, torch version, dtype and thread count (the cache), after one more short measurement — a machine busy with
+    other work measures low, so a peak only rises, towards what the CPU does when it is quiet."""
     from tba.models import DTYPES
 
     path = cache or cache_dir() / "gemm_peak.json"
@@ -104,19 +114,22 @@ def cpu_peak(dtype: str, *, cache: Path | None = None) -> Peak:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    if not isinstance(known.get(key), int | float):
-        t0 = time.perf_counter()
-        known[key] = measure_gemm(DTYPES[dtype])
-        logger.debug(f"measured this CPU's matmul peak in {time.perf_counter() - t0:.2f} s: {known[key] / 1e9:.1f} "
-                     f"GFLOP/s ({key})")
+    before = known.get(key) if isinstance(known.get(key), int | float) else 0.0
+    t0 = time.perf_counter()
+    measured = measure_gemm(DTYPES[dtype])
+    logger.debug(f"CPU matmul rate {measured / 1e9:.1f} GFLOP/s in {time.perf_counter() - t0:.2f} s ({key}); best "
+                 f"before {before / 1e9:.1f}")
+    if measured > before:
+        known[key] = measured
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(known, indent=1))
             tmp.replace(path)
-        except OSError as e:  # a read-only cache: measured again next time
+        except OSError as e:  # a read-only cache: this run's measurement only
             logger.debug(f"could not cache the CPU peak in {path}: {e}")
-    return Peak(float(known[key]), f"measured matmul peak {known[key] / 1e9:.1f} GFLOP/s ({key}, cached in {path})")
+    best = max(measured, before)
+    return Peak(best, f"measured matmul peak {best / 1e9:.1f} GFLOP/s ({key}; the best in {path})")
 
 
 def device_peak(device: torch.device, dtype: str) -> Peak | None:
