@@ -1,6 +1,6 @@
 """What one update measures besides the trainer's own numbers: what was drawn (staleness = trainer version −
 sample version, before the update), what the buffer holds, and — with several sources — each source's share.
-Names are `<component>/<quantity>`; docs/architecture.md lists every key.
+Names are `<component>/<quantity>`; docs/runtimes.md ("Metrics") lists every key.
 """
 
 from __future__ import annotations
