@@ -8,6 +8,7 @@ trust `ls` as the map. Checked statically over every import statement, including
     models                               loading, the builtin model, decoding and log-probs
     algorithm        tasks               the paper's loop, trainer, buffer, objectives · data plus a verifier
     rollout                              making samples: searchers, samplers, episodes, evaluation
+    serve                                an inference endpoint in front of a sampler (HTTP: tokens, chat)
     runtime                              where searchers run and how groups and weights travel
     ranks                                a trainer of N FSDP2 ranks and the controller's handle on them
     run                                  one run: built from the config, checkpointed, reported
@@ -31,11 +32,12 @@ BELOW = {
     "algorithm": BASE | {"config", "models"},
     "tasks": BASE | {"config", "models"},
     "rollout": BASE | {"config", "models", "algorithm", "tasks"},
-    "runtime": BASE | {"config", "models", "algorithm", "tasks", "rollout"},
-    "ranks": BASE | {"config", "models", "algorithm", "tasks", "rollout", "runtime"},
-    "run": BASE | {"config", "models", "algorithm", "tasks", "rollout", "runtime", "ranks"},
+    "serve": BASE | {"config", "models", "algorithm", "tasks", "rollout"},
+    "runtime": BASE | {"config", "models", "algorithm", "tasks", "rollout", "serve"},
+    "ranks": BASE | {"config", "models", "algorithm", "tasks", "rollout", "serve", "runtime"},
+    "run": BASE | {"config", "models", "algorithm", "tasks", "rollout", "serve", "runtime", "ranks"},
     "api": BASE | {"config", "run", "models"},
-    "cli": BASE | {"config", "models", "algorithm", "tasks", "rollout", "runtime", "ranks", "run", "api"},
+    "cli": BASE | {"config", "models", "algorithm", "tasks", "rollout", "serve", "runtime", "ranks", "run", "api"},
     "__main__": {"cli"},
 }
 """Folder → the folders its modules may import (besides its own)."""
@@ -152,11 +154,13 @@ def test_config_validation_imports_no_torch():
 def test_only_build_and_the_front_ends_read_the_run_config():
     """Every other component takes its own config section(s): a RunConfig is read in one place, run/build.py (with
     run/searchers.py and run/placement.py, its searchers' half; run/sharded.py, its sharded trainer's; run/train.py,
-    which hands its sections over; and the run/plan/ package, which plans the memory of the whole run from it before
-    anything is built), and given by the two front ends (the API, and the CLI: its buffer command reads a finished
-    run's config for the tokenizer)."""
+    which hands its sections over; run/evaluation.py, the run's evaluation, which `tba eval` builds too;
+    run/serve.py, which builds the policy `tba serve` serves as a searcher would; and the run/plan/ package, which
+    plans the memory of the whole run from it before anything is built), and given by the two front ends (the API,
+    and the CLI: its buffer command reads a finished run's config for the tokenizer)."""
     readers = sorted({"tba.run.plan" if m.startswith("tba.run.plan.") else m for m, p in MODULES.items()
                       if folder(m) != "config"
                       and any(n == "tba.config" or n.endswith(".RunConfig") for n in imported_modules(p))})
-    assert readers == ["tba.api", "tba.cli.buffer", "tba.cli.train", "tba.run.build", "tba.run.placement",
-                       "tba.run.plan", "tba.run.searchers", "tba.run.sharded", "tba.run.train"]
+    assert readers == ["tba.api", "tba.cli.buffer", "tba.cli.train", "tba.run.build", "tba.run.evaluation",
+                       "tba.run.placement", "tba.run.plan", "tba.run.searchers", "tba.run.serve", "tba.run.sharded",
+                       "tba.run.train"]

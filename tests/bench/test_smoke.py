@@ -51,6 +51,7 @@ SCRIPTS = [
     pytest.param("bench.perf.scoring", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.update_cost", "--repeats 1 --results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.autocast_drift", "--results {tmp}/result.md", "result.md", marks=slow),
+    pytest.param("bench.perf.serve", "--results {tmp}/result.md", "result.md", marks=slow),
     pytest.param("bench.perf.plan_memory", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.sharded", "--results {tmp}/result.md", "result.md"),
     pytest.param("bench.perf.update_memory", "--results {tmp}/result.md", "result.md"),

@@ -7,7 +7,9 @@
     tba buffer stats RUN_DIR                                  what a run's durable replay buffer holds
     tba buffer dump RUN_DIR [--limit N]                       its stored groups as JSON lines (decoded)
     tba export RUN_DIR OUT_DIR                                the run's policy as a servable model (LoRA merged)
+    tba eval  RUN_DIR|CHECKPOINT|MODEL [RECIPE] [key=value ...] greedy pass@1, pass@k (--samples N --k 1 5), metrics
     tba report RUN_DIR [RUN_DIR ...] [--out DIR]              figures + one report.html (runs overlaid)
+    tba serve RECIPE_OR_RUN [key.sub=value ...] [--port 0]    the policy behind an inference endpoint (Ctrl-C ends)
 
 The config (embedded default recipe when no file is given) is loaded and validated before anything heavy
 is imported, so a typo costs a second, not a model build: this is why each command imports what it runs
@@ -23,14 +25,15 @@ import argparse
 import os
 import sys
 
-from tba.cli import buffer, export, plan, report, train
+from tba.cli import buffer, evaluate, export, plan, report, serve, train
 from tba.cli.command import Command, user_error
 
 USAGE = __doc__.split("\n\n")[1].replace("    tba", "tba")
 
 
 def commands() -> dict[str, Command]:
-    return {c.name: c for c in (*train.COMMANDS, plan.COMMAND, buffer.COMMAND, export.COMMAND, report.COMMAND)}
+    return {c.name: c for c in (*train.COMMANDS, plan.COMMAND, buffer.COMMAND, export.COMMAND, evaluate.COMMAND,
+                                   report.COMMAND, serve.COMMAND)}
 
 
 def build_parser(command: Command) -> argparse.ArgumentParser:

@@ -35,28 +35,42 @@ class Completions:
     finished: list[bool]
 
 
+def _decode(model, tokens, *, greedy: bool, n: int, temperature: float, top_p: float, max_new_tokens: int,
+            tokenizer) -> list[list[int]]:
+    """Response ids of `tokens`: the HF model's decoding (tba.models.generation), or — `model` not a torch module —
+    a Sampler's (tba.rollout.samplers, e.g. vLLM's engine: `tba eval --backend vllm`; temperature 0 is its greedy)."""
+    if not isinstance(model, torch.nn.Module):
+        return [r for r, _ in model.generate(tokens, num_samples=n, temperature=0.0 if greedy else temperature,
+                                             top_p=1.0 if greedy else top_p, max_new_tokens=max_new_tokens)]
+    return [r for r, _ in generate(model, tokens, greedy=greedy, num_samples=n, temperature=temperature, top_p=top_p,
+                                   max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+                                   pad_id=tokenizer.pad_token_id, logprobs=False)]
+
+
 @torch.no_grad()
 def complete(model, tokenizer, prompts: list[Prompt], *, max_new_tokens: int, batch_size: int,
              samples_per_prompt: int = 0, temperature: float = 1.0, top_p: float = 1.0) -> Completions:
-    """Greedy (samples_per_prompt = 0: one per prompt) or sampled completions of `prompts`."""
-    was_training = model.training
-    model.eval()
+    """Greedy (samples_per_prompt = 0: one per prompt) or sampled completions of `prompts`, in chunks of
+    batch_size // n prompts (so splitting `prompts` at multiples of that chunk changes nothing)."""
+    module = isinstance(model, torch.nn.Module)
+    was_training = module and model.training
+    if module:
+        model.eval()
     n = max(samples_per_prompt, 1)
     chunk_size = max(1, batch_size // n)
     out = Completions([], [], [], [], [])
     for start in range(0, len(prompts), chunk_size):
         chunk = prompts[start:start + chunk_size]
         tokens = [tokenizer(p.text)["input_ids"] for p in chunk]
-        results = generate(model, tokens, greedy=samples_per_prompt == 0, num_samples=n, temperature=temperature,
-                           top_p=top_p, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                           pad_id=tokenizer.pad_token_id, logprobs=False)
-        responses = [r for r, _ in results]
+        responses = _decode(model, tokens, greedy=samples_per_prompt == 0, n=n, temperature=temperature,
+                            top_p=top_p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
         out.prompts += [p for p in chunk for _ in range(n)]
         out.prompt_tokens += [t for t in tokens for _ in range(n)]
         out.responses += responses
         out.texts += tokenizer.batch_decode(responses, skip_special_tokens=True)
         out.finished += ended_with_eos(responses, tokenizer.eos_token_id)
-    model.train(was_training)
+    if module:
+        model.train(was_training)
     return out
 
 
@@ -182,17 +196,25 @@ def shares(prompts: list[Prompt], workers: int, episodic: bool) -> list[Share]:
     return [Share(prompts[w * n:(w + 1) * n], exact=w == 0) for w in range(workers)]
 
 
+def joined(results: list[ShareResult]) -> Completions | None:
+    """The workers' completions as one list, in share order (None: no worker returned any)."""
+    parts = [r.completions for r in results if r.completions is not None]
+    if not parts:
+        return None
+    c = Completions([], [], [], [], [])
+    for part in parts:
+        for name in ("prompts", "prompt_tokens", "responses", "texts", "finished"):
+            getattr(c, name).extend(getattr(part, name))
+    return c
+
+
 def merge(task, results: list[ShareResult]) -> dict[str, float]:
     """The metrics of a spread evaluation, from its workers' results in share order: the task's own metrics over
     every completion (the same `task_metrics` a one-process evaluation computes), reference metrics weighted as
     they are defined (KL by response tokens, perplexity by completions)."""
-    parts = [r.completions for r in results if r.completions is not None]
+    c = joined(results)
     metrics: dict[str, float] = {}
-    if parts:
-        c = Completions([], [], [], [], [])
-        for part in parts:
-            for name in ("prompts", "prompt_tokens", "responses", "texts", "finished"):
-                getattr(c, name).extend(getattr(part, name))
+    if c is not None:
         metrics = task_metrics(task, c)
         refs = [(r.reference, r.completions) for r in results if r.reference is not None]
         if refs:
@@ -260,6 +282,13 @@ def episode_metrics(policy, tokenizer, task, prompts: list[Prompt], cfg, limits:
     ones), each turn at most eval.max_new_tokens. score = mean episode reward (a failed episode scores 0);
     episode/turns_mean; episode/ended_<reason> as fractions of the episodes; and the task's own
     `episode_metrics(episodes)` (e.g. success by turn) where it has one."""
+    return episode_summary(task, play_episodes(policy, tokenizer, task, prompts, cfg, limits))
+
+
+@torch.no_grad()
+def play_episodes(policy, tokenizer, task, prompts: list[Prompt], cfg, limits: Limits) -> list:
+    """The evaluation's episodes (prompt-major, `eval.samples_per_prompt` or one greedy per prompt): what
+    `episode_metrics` summarises, and what `tba eval` counts passes in."""
     was_training = policy.training
     policy.eval()
     greedy, n = cfg.samples_per_prompt == 0, max(cfg.samples_per_prompt, 1)
@@ -276,6 +305,11 @@ def episode_metrics(policy, tokenizer, task, prompts: list[Prompt], cfg, limits:
     episodes = run_episodes(policy_turns, tokenizer, task, prompts, tokens, num_samples=n,
                             max_new_tokens=cfg.max_new_tokens, limits=limits)
     policy.train(was_training)
+    return episodes
+
+
+def episode_summary(task, episodes) -> dict[str, float]:
+    """score, episode/turns_mean, episode/ended_<reason> and the task's own `episode_metrics` of `episodes`."""
     metrics = {"score": sum(e.reward or 0.0 for e in episodes) / len(episodes),
                "episode/turns_mean": sum(e.turns for e in episodes) / len(episodes)}
     metrics.update({f"episode/ended_{r}": sum(e.end == r for e in episodes) / len(episodes) for r in END_REASONS

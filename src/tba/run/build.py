@@ -44,9 +44,10 @@ from tba.models.sources import resolve_source
 from tba.ranks.controller import ShardedTrainer
 from tba.rollout.demonstrations import make_groups, read_rows, target_weight_warning
 from tba.rollout.episodes import Limits
-from tba.rollout.evaluate import Evaluator, SpreadEvaluator
+from tba.rollout.evaluate import SpreadEvaluator
 from tba.run import rundir
 from tba.run.checkpoint import CheckpointError, restore_trainer
+from tba.run.evaluation import CurrentPolicy, fit_task, run_evaluator
 from tba.run.placement import publish_dtype
 from tba.run.searchers import (
     aging_sources,
@@ -61,9 +62,8 @@ from tba.run.sft import warm_start as sft_warm_start
 from tba.run.sharded import RankBuild, build_sharded
 from tba.runtime.searcher_spec import ModelSources
 from tba.runtime.worker import InlineParts
-from tba.tasks.base import Scoring, Task
+from tba.tasks.base import Task
 from tba.tasks.data import DataLoadError
-from tba.tasks.prepare import apply_chat_template, fit_prompts, prompt_limit
 from tba.tasks.prepare import build_task as build_task_from_spec
 
 logger = logging.getLogger(__name__)
@@ -275,13 +275,6 @@ def make_sharded_trainer(cfg: RunConfig, start: str, state: RunState, pad_id: in
     return build_sharded(cfg, build, threads=threads, publish_dtype=publish_dtype(cfg), run_dir=out)
 
 
-def scoring(cfg: RunConfig) -> Scoring:
-    """How this run samples and scores responses (for a task's exact evaluation): the trainer's temperature, the
-    search budget and nucleus, and the β of the last update."""
-    return Scoring(temperature=cfg.search.temperature, max_new_tokens=cfg.search.max_new_tokens,
-                   beta=beta_schedule(cfg.tb)(cfg.trainer.steps), top_p=cfg.search.top_p)
-
-
 def loop_settings(cfg: RunConfig) -> LoopSettings:
     t = cfg.trainer
     return LoopSettings(steps=t.steps, prompts_per_step=t.prompts_per_step, samples_per_prompt=t.samples_per_prompt,
@@ -289,22 +282,6 @@ def loop_settings(cfg: RunConfig) -> LoopSettings:
                         eval_every_steps=cfg.eval.every_steps, checkpoint_every_steps=cfg.checkpoint.every_steps,
                         max_replay_ratio=t.max_replay_ratio, sync_mode=cfg.mode == "sync",
                         replay_warning=t.replay_warning)
-
-
-@dataclasses.dataclass
-class CurrentPolicy:
-    """The one-process trainer's evaluation: its policy as it is now, computed as training computes
-    (model.autocast, tba.models.precision)."""
-
-    evaluator: Evaluator
-    autocast: str | None = None
-
-    def __call__(self) -> dict[str, float]:
-        with precision.autocast(self.evaluator.policy.device, self.autocast):
-            return self.evaluator()
-
-    def describe(self, metrics: dict[str, float]) -> str:
-        return self.evaluator.describe(metrics)
 
 
 # ---- a run ---------------------------------------------------------------------------------------------------
@@ -349,13 +326,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         tokenizer, policy, reference = start_models(cfg, task, out, resume_from, state)
         policy, reference = policy.to(device), reference.to(device)
         architecture = policy.config
-    apply_chat_template(task, tokenizer, every_prompt=cfg.task.chat_template)  # now that the tokenizer exists
-    limit = prompt_limit(cfg.task.max_prompt_tokens, architecture, max(cfg.search.max_new_tokens,
-                                                                       cfg.eval.max_new_tokens))
-    fitted = fit_prompts(task, tokenizer, limit, cfg.task.long_prompts)
-    if fitted["prompts_too_long"]:
-        logger.info(f"{fitted['prompts_too_long']} prompts longer than {limit} tokens: "
-            f"{'truncated' if cfg.task.long_prompts == 'truncate' else 'skipped'} (task.long_prompts)")
+    limit, fitted = fit_task(cfg, task, tokenizer, architecture)  # now that the tokenizer exists
     if sharded:
         logger.info(f"task {task.name}: {len(task.train)} train / {len(task.test)} test prompts; policy "
                     f"{state.policy_source} on {cfg.trainer.world_size} trainer ranks; runtime {cfg.runtime}, "
@@ -387,10 +358,7 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         if sharded:
             evaluator = SpreadEvaluator(task, cfg.eval, trainer.evaluate, trainer.world)
         else:
-            evaluator = CurrentPolicy(Evaluator(policy, tokenizer, task, cfg.eval, reference=reference,
-                                                scoring=scoring(cfg), limits=Limits.of(cfg.search,
-                                                                                       cfg.eval.max_new_tokens)),
-                                      cfg.model.autocast)
+            evaluator = run_evaluator(cfg, task, policy, tokenizer, reference)  # as `tba eval` runs it
         identity = {"objective": cfg.objective, "runtime": cfg.runtime, "mode": cfg.mode, "seed": cfg.seed}
     except BaseException:
         trainer.close()

@@ -13,6 +13,7 @@ matplotlib (the `bench` extra) is imported only here, with the Agg backend.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import logging
@@ -39,6 +40,8 @@ class Run:
     bad_lines: int
     summary: dict | None
     config: dict
+    evals: list[dict] = dataclasses.field(default_factory=list)
+    """RUN_DIR/eval/*.json: what `tba eval` measured of this run's policies (tba.run.eval_target)."""
 
     def get(self, key: str):
         """objective/runtime/mode/seed: from summary.json, else from config.yaml (a killed run has only that)."""
@@ -80,7 +83,22 @@ def load_run(path: Path) -> Run:
             config = yaml.safe_load((path / "config.yaml").read_text()) or {}
         except yaml.YAMLError:
             config = {}
-    return Run(path, path.resolve().name or str(path), rows, bad, summary, config if isinstance(config, dict) else {})
+    return Run(path, path.resolve().name or str(path), rows, bad, summary, config if isinstance(config, dict) else {},
+               eval_results(path))
+
+
+def eval_results(path: Path) -> list[dict]:
+    """The run's `tba eval` results, by name; an unreadable file is skipped with a warning."""
+    out = []
+    for f in sorted((path / "eval").glob("*.json")):
+        try:
+            result = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            logger.warning(f"{f}: skipped ({e})")
+            continue
+        if isinstance(result, dict):
+            out.append(result | {"file": f.name})
+    return out
 
 
 def _num(v) -> float | None:
@@ -206,6 +224,8 @@ def plot_figure(plt, runs: list[Run], panels: list, path: Path) -> None:
                 ax.plot(xs, ys, color=color, linestyle=STYLES[j % len(STYLES)], marker=marker, markersize=4,
                         label=name)
                 drawn += 1
+                if key == "eval/score" and x == STEP:
+                    drawn += _eval_markers(ax, run, color, len(runs) > 1)
         if drawn and logy:
             ax.set_yscale("log")
         if not drawn:
@@ -214,11 +234,47 @@ def plot_figure(plt, runs: list[Run], panels: list, path: Path) -> None:
         ax.set_xlabel(f"wall clock since launch ({unit})" if x == WALL else "update (trainer step)")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        if drawn and (len(runs) > 1 or len(keys) > 1):
+        evals = x == STEP and keys[0][0] == "eval/score" and any(r.evals for r in runs)
+        if drawn and (len(runs) > 1 or len(keys) > 1 or evals):
             ax.legend(fontsize=8)
     fig.tight_layout()  # no suptitle: the page's heading above the image names the figure
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _eval_markers(ax, run: Run, color, prefix: bool) -> int:
+    """`tba eval`'s greedy score (◆) and sampled pass@k (▲) of each evaluated policy, at its step: beside the curve
+    of the same run's own evaluations."""
+    drawn = 0
+    for r in run.evals:
+        step, greedy, sampled = _num(r.get("step")), (r.get("greedy") or {}).get("score"), r.get("sampled") or {}
+        if step is None:
+            continue
+        points = ([("D", "greedy", greedy)] if _num(greedy) is not None else []) + [
+            ("^", k, v) for k, v in sampled.items() if k.startswith("pass@") and _num(v) is not None]
+        for marker, what, value in points:
+            label = f"{run.name}: " * prefix + f"tba eval {r.get('name', r['file'])} {what}"
+            ax.plot([step], [value], marker=marker, color=color, markersize=7, linestyle="none", label=label)
+            drawn += 1
+    return drawn
+
+
+def eval_table(runs: list[Run]) -> str:
+    """One HTML row per `tba eval` result: its policy, dataset size, backend, greedy score and pass@k."""
+    rows = [(run, r) for run in runs for r in run.evals]
+    if not rows:
+        return ""
+    e = html.escape
+    head = ["run", "file", "step", "problems", "backend", "greedy score", "= run's own", "pass@k (n samples)"]
+    out = ["<h2>tba eval</h2><table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    for run, r in rows:
+        sampled = r.get("sampled") or {}
+        passes = ", ".join(f"{k} {_fmt(v)}" for k, v in sampled.items() if k.startswith("pass@"))
+        cells = [run.name, r["file"], _fmt_str(r.get("step")), _fmt_str(r.get("problems")), _fmt_str(r.get("backend")),
+                 _fmt((r.get("greedy") or {}).get("score")), _fmt_str(r.get("matches_run")),
+                 f"{passes} (n={sampled['samples']})" if passes else "–"]
+        out.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
+    return "".join(out) + "</table>"
 
 
 def _fmt(v, spec: str = ".3f") -> str:
@@ -279,6 +335,7 @@ def render_html(runs: list[Run], figures: list[tuple[str, Path]]) -> str:
     for run in runs:
         parts.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in header_row(run)) + "</tr>")
     parts.append("</table>")
+    parts.append(eval_table(runs))
     for title, png in figures:
         data = base64.b64encode(png.read_bytes()).decode("ascii")
         parts.append(f"<h2>{e(title)}</h2><img alt='{e(png.name)}' src='data:image/png;base64,{data}'>")
