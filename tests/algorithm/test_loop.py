@@ -68,7 +68,8 @@ class StubTrainer:
     def step(self, draws):
         self.events.append(("update", self.version, [d.prompt_id for d in draws]))
         self.version += 1
-        return {"trainer/loss": 1.0, "trainer/beta": 0.1, "trainer/tokens_per_s": 1.0, "trainer/skipped": 0.0}
+        return {"trainer/loss": 1.0, "trainer/beta": 0.1, "trainer/tokens_per_s": 1.0, "trainer/skipped": 0.0,
+                "trainer/step_s": 0.5}
 
     def weights(self):
         return {"w": self.version}
@@ -389,3 +390,28 @@ def test_a_stop_asked_during_an_update_skips_its_evaluation():
     stop.requested = True
     with pytest.raises(KeyboardInterrupt), stop.interruptible():
         pytest.fail("the evaluation ran")
+
+
+def test_each_update_logs_the_searchers_tokens_per_s_and_the_utilization(harness):
+    make, _ = harness
+    run, _, logger = make(steps=4)
+    seen = []
+    run.utilization = lambda draws, seconds: seen.append((len(draws), seconds)) or {"trainer/mfu": 0.25}
+    run.run()
+    assert seen == [(2, 0.5)] * 4 and all(m["trainer/mfu"] == 0.25 for _, m in logger.lines)
+    assert all(m["searcher/tokens_per_s"] > 0 for _, m in logger.lines)  # 2 groups × 4 samples × 3 tokens a step
+
+
+def test_the_searchers_rate_is_over_the_last_updates(monkeypatch):
+    import tba.algorithm.loop as loop
+
+    now = [0.0]
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    rate = loop.SearchRate(window=2)
+    rate.add(99)  # the prefill's: not counted
+    rate.start()
+    for tokens, seconds in [(10, 1.0), (30, 1.0), (0, 2.0)]:
+        rate.add(tokens)
+        now[0] += seconds
+        last = rate.rate()
+    assert last == 30 / 3.0  # the last two updates: 30 + 0 tokens over 1 + 2 s

@@ -222,11 +222,12 @@ def test_every_config_field_has_a_docstring():
 
     import tba.config.fsdp
     import tba.config.model
+    import tba.config.reporting
     import tba.config.schema
     import tba.config.search
 
     missing = []
-    modules = (tba.config.schema, tba.config.search, tba.config.model, tba.config.fsdp)
+    modules = (tba.config.schema, tba.config.search, tba.config.model, tba.config.fsdp, tba.config.reporting)
     for node in (node for m in modules for node in ast.parse(inspect.getsource(m)).body):
         if isinstance(node, ast.ClassDef):
             for field_, after in zip(node.body, [*node.body[1:], None], strict=True):

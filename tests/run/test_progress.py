@@ -8,12 +8,20 @@ BAR_CHARACTERS = set("━─╸╺█▏▎▍▌▋▊▉\r\x1b")
 def test_without_a_terminal_progress_is_plain_lines(capsys):
     with RunProgress(3, plain_every_s=0.0) as progress:
         for step in (1, 2, 3):
-            progress.update(step, reward=0.5, score=0.25, beta=0.05, tokens_per_s=1234.0, staleness=1.5, replay=3.24)
+            progress.update(step, reward=0.5, score=0.25, beta=0.05, tokens_per_s=1234.0, staleness=1.5, replay=3.24,
+                            search_tokens_per_s=567.4, mfu=0.0123)
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 3 and not BAR_CHARACTERS & set(err), repr(err)
     assert lines[-1].startswith("step 3/3 · 0:00:00 elapsed, eta 0:00:00 · reward 0.500 · eval 0.250 · β 0.05")
-    assert "staleness 1.5 · replay 3.2× · 1,234 tok/s" in lines[-1]
+    assert "staleness 1.5 · replay 3.2× · train 1,234 tok/s · search 567 tok/s · MFU 1.2%" in lines[-1]
+
+
+def test_throughput_shows_only_what_is_known():
+    from tba.run.progress import throughput
+
+    assert throughput(1234.0) == "train 1,234 tok/s"
+    assert throughput(10.0, float("nan"), 0.00042) == "train 10 tok/s · MFU 0.042%"
 
 
 def test_plain_lines_are_rate_limited_but_the_last_step_is_always_shown(capsys):

@@ -65,6 +65,13 @@ def test_one_run_writes_every_figure_inline_with_its_name_and_scores(tmp_path):
     assert text.count("data:image/png;base64,") == len(FIGURES)
     assert "my_run" in text and "0.250 → 0.550" in text and "finished" in text
     assert "src='http" not in text and "<script" not in text  # self-contained
+    assert "train 1,016 tok/s" in text and "MFU" not in text.split("<h2>")[0]  # no mfu logged: none shown
+
+
+def test_the_header_gives_the_median_throughput(tmp_path):
+    run = write_run(tmp_path / "r", extra={"searcher/tokens_per_s": 250.0, "trainer/mfu": 0.0123})
+    text = report([run], tmp_path / "out").read_text()
+    assert "train 1,016 tok/s · search 250 tok/s · MFU 1.2%" in text
 
 
 def test_cli_default_out_is_run_dir_report(tmp_path, capsys):

@@ -21,6 +21,7 @@ everything from the newest usable checkpoint plus every group accepted after it 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -106,6 +107,11 @@ class Progress(Protocol):
         evaluation, which can take minutes, with the update already applied."""
 
 
+class Utilization(Protocol):
+    def __call__(self, draws: list, seconds: float) -> dict[str, float]:
+        """The metrics of an update's use of its devices (trainer/mfu), from what it drew and its seconds."""
+
+
 class _Quiet:
     """No display and no signals: the loop's progress when its caller gives none (tests, benchmarks)."""
 
@@ -129,8 +135,12 @@ class Loop:
 
     def __init__(self, settings: LoopSettings, *, trainer: Trainer, buffer: ReplayBuffer, runtime: Runtime,
                  evaluator: Evaluator, checkpoints: Checkpoints, logger: MetricsSink, state: RunState,
-                 monitor: Monitor, progress: Progress | None = None, resumed: bool = False):
+                 monitor: Monitor, progress: Progress | None = None, resumed: bool = False,
+                 utilization: Utilization | None = None):
+        """`utilization`: adds trainer/mfu to each update's metrics (None: not logged)."""
         self.settings, self.trainer, self.buffer, self.runtime = settings, trainer, buffer, runtime
+        self.utilization = utilization
+        self.search_window = SearchRate()
         self.evaluator, self.checkpoints, self.metrics = evaluator, checkpoints, logger
         self.state, self.monitor, self.progress = state, monitor, progress or _Quiet()
         self.last_ckpt = state.step if resumed else None
@@ -150,13 +160,16 @@ class Loop:
         self.monitor.training_starts()
         self.prefill()
         self.monitor.updates_start(state.busy_s)
+        self.search_window.start()
         with progress:
             while state.step < settings.steps and not progress.requested:
                 metrics = self.step()
                 progress.update(state.step, reward=state.rewards_seen[-1] if state.rewards_seen else float("nan"),
                                 score=state.evals[-1].score, beta=metrics["trainer/beta"],
                                 tokens_per_s=metrics["trainer/tokens_per_s"], staleness=metrics["staleness/mean"],
-                                replay=metrics["trainer/replay_ratio"] if state.received else float("nan"))
+                                replay=metrics["trainer/replay_ratio"] if state.received else float("nan"),
+                                search_tokens_per_s=metrics["searcher/tokens_per_s"],
+                                mfu=metrics.get("trainer/mfu", float("nan")))
                 every = settings.checkpoint_every_steps
                 if every and state.step % every == 0 and state.step < settings.steps:
                     self.checkpoint()
@@ -187,6 +200,8 @@ class Loop:
         self.buffer.extend(groups, step)
         fresh = [x.reward for g in groups for x in g.samples]
         self.state.received += len(fresh)
+        self.search_window.add(sum(sum(x.policy_mask) if x.policy_mask else len(x.response) for g in groups
+                                   for x in g.samples))
         for g in groups:
             self.state.tally(g.source, received=len(g.samples), reward_sum=sum(x.reward for x in g.samples))
         if fresh:
@@ -241,6 +256,8 @@ class Loop:
             extra["sync/publish_s"] = time.perf_counter() - t_sync
         self.consistent = True
         state.busy_s += time.perf_counter() - t_step
+        if self.utilization is not None:
+            extra.update(self.utilization(draws, update["trainer/step_s"]))
         if update["trainer/skipped"]:
             logger.warning(f"step {state.step}: non-finite loss or gradient — update skipped, weights untouched "
                            f"({trainer.skipped_steps} so far)")
@@ -256,7 +273,7 @@ class Loop:
         metrics = step_metrics({**update, **extra}, draws=draws, version=version, buffer=self.buffer, fresh=fresh,
                                received=state.received, busy_fraction=self.monitor.busy_fraction(state.busy_s),
                                searchers=report.stats, wall_clock_s=self.monitor.wall_s(), sources=state.sources,
-                               replay_ratio=self.replay_ratio())
+                               replay_ratio=self.replay_ratio(), search_tokens_per_s=self.search_window.rate())
         self.metrics.log(state.step, metrics)
         return metrics
 
@@ -323,3 +340,27 @@ class Loop:
             self.runtime.stop()
             self.metrics.close()
             self.buffer.close()
+
+
+class SearchRate:
+    """searcher/tokens_per_s: the tokens the searchers generated (a multi-turn episode's policy tokens) in the groups
+    the loop received, per second of wall clock, over the last `window` updates (one update's receipt is bursty)."""
+
+    def __init__(self, window: int = 10):
+        self.window, self.steps = window, collections.deque(maxlen=window)
+        self.tokens, self.t_last = 0, time.perf_counter()
+
+    def start(self) -> None:
+        """The first window starts now (the first update; what the prefill received is not counted)."""
+        self.tokens, self.t_last = 0, time.perf_counter()
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def rate(self) -> float:
+        """Close this update's share of the window; the rate over the window."""
+        now = time.perf_counter()
+        self.steps.append((self.tokens, now - self.t_last))
+        self.tokens, self.t_last = 0, now
+        seconds = sum(s for _, s in self.steps)
+        return sum(t for t, _ in self.steps) / seconds if seconds > 0 else float("nan")

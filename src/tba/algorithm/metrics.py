@@ -1,6 +1,6 @@
 """What one update measures besides the trainer's own numbers: what was drawn (staleness = trainer version −
 sample version, before the update), what the buffer holds, and — with several sources — each source's share.
-Names are `<component>/<quantity>`; docs/architecture.md lists every key.
+Names are `<component>/<quantity>`; docs/runtimes.md ("Metrics") lists every key.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def source_metrics(draws, version: int, sources: dict[str, dict]) -> dict[str, f
 
 def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh: list[float], received: int,
                  busy_fraction: float, searchers: dict[str, float], wall_clock_s: float,
-                 sources: dict[str, dict] | None = None, replay_ratio: float = float("nan")) -> dict[str, float]:
+                 sources: dict[str, dict] | None = None, replay_ratio: float = float("nan"),
+                 search_tokens_per_s: float = float("nan")) -> dict[str, float]:
     """One step's metrics: the trainer's `update` metrics, plus what was drawn (staleness = trainer version −
     sample version, before the update), what the buffer holds, the searchers' own counters, and — with
     several sources — each source's share (tba.run.logger.source_metrics)."""
@@ -61,4 +62,5 @@ def step_metrics(update: dict[str, float], *, draws, version: int, buffer, fresh
         **source_metrics(draws, version, sources or {}),
         "wall_clock_s": wall_clock_s,
         "trainer/replay_ratio": replay_ratio,
+        "searcher/tokens_per_s": search_tokens_per_s,
     }

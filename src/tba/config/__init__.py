@@ -46,6 +46,12 @@ def _coerce(key: str, value, annotation):
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0])
+    if origin is list:  # list[str] (logging.report_to): a list, or a comma list from the command line
+        item = typing.get_args(annotation)[0]
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, list):
+            return [_coerce(key, v, item) for v in value]
     if annotation is bool:
         if isinstance(value, bool):
             return value

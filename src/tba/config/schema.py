@@ -1,7 +1,7 @@
 """Every setting of a run, one typed dataclass per YAML section, each field documented and checked where it is
 defined (`setting(default, *rules)`: tba.config.rules; a section's rules between its own fields: its `check()`). The
 searchers' sections (`search`, `supervision`, `ray`) are in tba.config.search, the model's (`model`, `sft`) in
-tba.config.model.
+tba.config.model, `logging` in tba.config.reporting.
 
 `tba.config` reads YAML and dotted overrides into these classes and validates them; this file is only the
 schema, so it reads as the reference of what can be set. The paper's symbols are given next to the fields
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tba.algorithm.objectives import OBJECTIVES
 from tba.config.fsdp import FSDPConfig
 from tba.config.model import LoraConfig, ModelConfig, SFTConfig, TinyModelConfig  # noqa: F401  (part of this schema)
+from tba.config.reporting import LoggingConfig
 from tba.config.rules import (
     fraction,
     installed,
@@ -261,20 +262,6 @@ class EvalConfig:
 
 
 @dataclass
-class LoggingConfig:
-    tensorboard: bool = True
-    """Write RUN_DIR/tensorboard/ (every metrics.jsonl key as a scalar)."""
-    wandb: bool = False
-    """Also log to Weights & Biases (pip install 'tba[wandb]'; offline unless you are logged in)."""
-    wandb_project: str = "tba"
-    """W&B project name."""
-    progress: bool = True
-    """Live progress bar (rich) on a terminal; without one, plain progress lines (see plain_every_s)."""
-    plain_every_s: float = 30.0
-    """Without a terminal (stderr redirected to a file, CI): one plain progress line every this many seconds."""
-
-
-@dataclass
 class RunConfig:
     seed: int = 0
     """Seeds the trainer, the buffer's draws and every searcher (searcher i: seed + 1000·(i + 1))."""
@@ -315,13 +302,14 @@ class RunConfig:
     checkpoint: CheckpointConfig = setting(factory=CheckpointConfig)
     """How often full checkpoints are written, how many kept."""
     logging: LoggingConfig = setting(factory=LoggingConfig)
-    """TensorBoard, W&B, progress display."""
+    """Where metrics go (TensorBoard, W&B, trackio, MLflow), the run's name there, the progress display."""
     ray: RayConfig = setting(factory=RayConfig)
     """runtime=ray: the cluster and what each searcher actor declares."""
 
     def check_installed(self) -> None:
         """The optional libraries this config needs can be imported here (tba.config.validate runs it after
         `check`, except for a plan made for another machine: `tba plan --gpus` needs no vLLM or Ray)."""
+        self.logging.check_installed()
         if self.runtime == "ray" and not installed("ray"):
             raise ConfigError("runtime: 'ray' needs Ray, which is not installed: pip install 'tba[ray]' "
                               "(or use runtime=local on one machine)")

@@ -80,11 +80,13 @@ class RunProgress:
         self._progress.stop()
 
     def update(self, step: int, *, reward: float, score: float, beta: float, tokens_per_s: float,
-               staleness: float = float("nan"), replay: float = float("nan")) -> None:
+               staleness: float = float("nan"), replay: float = float("nan"),
+               search_tokens_per_s: float = float("nan"), mfu: float = float("nan")) -> None:
         """`replay`: draws per sample received (tba.algorithm.loop.Loop.replay_ratio), shown so that a trainer
-        running far ahead of its searchers is visible before the warning, not only in metrics.jsonl."""
+        running far ahead of its searchers is visible before the warning, not only in metrics.jsonl;
+        `tokens_per_s`, `search_tokens_per_s`, `mfu`: trainer/tokens_per_s, searcher/tokens_per_s, trainer/mfu."""
         info = (f"reward {reward:.3f} · eval {score:.3f} · β {beta:.4g} · staleness {staleness:.1f} · "
-                f"replay {replay:.1f}× · {tokens_per_s:,.0f} tok/s")
+                f"replay {replay:.1f}× · {throughput(tokens_per_s, search_tokens_per_s, mfu)}")
         self._progress.update(self._task, completed=step, info=info)
         now = time.monotonic()
         if self.plain and (now - self._last >= self.plain_every_s or step == self.total):
@@ -94,6 +96,16 @@ class RunProgress:
             eta = elapsed / done * (self.total - step) if done else float("nan")
             print(f"step {step}/{self.total} · {_clock(elapsed)} elapsed, eta {_clock(eta)} · {info}",
                   file=sys.stderr, flush=True)
+
+
+def throughput(trainer: float, searchers: float = float("nan"), mfu: float = float("nan")) -> str:
+    """`train 1,234 tok/s · search 567 tok/s · MFU 1.2%`, each part only when known."""
+    parts = [f"train {trainer:,.0f} tok/s"]
+    if searchers == searchers:  # not nan
+        parts.append(f"search {searchers:,.0f} tok/s")
+    if mfu == mfu:
+        parts.append(f"MFU {100 * mfu:.2g}%")
+    return " · ".join(parts)
 
 
 def _clock(seconds: float) -> str:

@@ -146,7 +146,9 @@ FIGURES = [
     ("throughput.png", "Throughput", [
         ("busy fractions", "fraction of time busy", STEP,
          [("trainer/busy_fraction", "trainer"), ("searcher/busy_fraction", "searcher")], False),
-        ("trainer tokens/s", "tokens/s", STEP, [("trainer/tokens_per_s", "trainer tokens/s")], False)]),
+        ("tokens/s: trainer (trained) and searchers (generated)", "tokens/s", STEP,
+         [("trainer/tokens_per_s", "trainer"), ("searcher/tokens_per_s", "searchers")], False),
+        ("model FLOPs utilization (trainer/mfu)", "MFU", STEP, [("trainer/mfu", "MFU")], False)]),
     ("optimization.png", "Optimization (loss: rolling mean; raw faint)", [
         ("loss", "loss", STEP, [("trainer/loss", "loss")], False),
         ("grad norm", "grad norm (log)", STEP, [("trainer/grad_norm", "grad norm")], True),
@@ -154,7 +156,7 @@ FIGURES = [
         ("residual", "residual", STEP,
          [("trainer/residual_std", "std (RMS)"), ("trainer/residual_max", "max abs")], False)]),
 ]
-OPTIONAL_PANELS = {"log Ẑ mean", "residual"}  # drawn only when some run logged them
+OPTIONAL_PANELS = {"log Ẑ mean", "residual", "model FLOPs utilization (trainer/mfu)"}  # only when some run logged them
 SMOOTHED = {"searcher/reward_mean", "trainer/loss"}  # noisy per step: rolling mean over the raw, drawn faint
 STYLES = ["-", "--", ":", "-."]
 
@@ -297,10 +299,25 @@ def header_row(run: Run) -> list[str]:
         status += f" ({run.bad_lines} unparseable line{'s' * (run.bad_lines > 1)} skipped)"
     return [run.name, str(run.path), *(_fmt_str(run.get(k)) for k in ("objective", "runtime", "mode", "seed")),
             str(steps), score,
-            f"{_fmt(wall, '.0f')} s", status]
+            f"{_fmt(wall, '.0f')} s", throughput(run), status]
 
 
-HEAD = ["run", "path", "objective", "runtime", "mode", "seed", "steps", "score start → end", "wall clock", "status"]
+def _median(ys: list[float]) -> float | None:
+    return sorted(ys)[len(ys) // 2] if ys else None
+
+
+def throughput(run: Run) -> str:
+    """The medians over the updates of trainer/tokens_per_s, searcher/tokens_per_s and trainer/mfu, those logged."""
+    trainer, searchers, mfu = (_median(series(run, k)[1]) for k in
+                               ("trainer/tokens_per_s", "searcher/tokens_per_s", "trainer/mfu"))
+    parts = [f"train {trainer:,.0f} tok/s" if trainer is not None else None,
+             f"search {searchers:,.0f} tok/s" if searchers is not None else None,
+             f"MFU {100 * mfu:.2g}%" if mfu is not None else None]
+    return " · ".join(p for p in parts if p) or "–"
+
+
+HEAD = ["run", "path", "objective", "runtime", "mode", "seed", "steps", "score start → end", "wall clock",
+        "throughput (median)", "status"]
 CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin-bottom:1.5em}
 td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;font-size:14px}th{background:#f0f0f0}
 img{max-width:100%;display:block;margin:0.5em 0 2em 0}pre{background:#f7f7f7;padding:8px;font-size:12px}"""

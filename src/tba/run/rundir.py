@@ -4,7 +4,7 @@
     RUN_DIR/buffer.sqlite          the durable replay buffer (tba.algorithm.store): accepted groups, compacted at
                                    checkpoints (buffer.set-aside-N.sqlite: one set aside by --set-aside-buffer)
     RUN_DIR/checkpoints/           full checkpoints (tba.run.checkpoint); `latest` names the newest
-    RUN_DIR/metrics.jsonl          one line per trainer step; tensorboard/ the same as scalars
+    RUN_DIR/metrics.jsonl          one line per trainer step; tensorboard/ (mlflow/, wandb/) the same as scalars
     RUN_DIR/checkpoint/            final policy, save_pretrained (what users load)
     RUN_DIR/summary.json           before/after accuracy and run counters
     RUN_DIR/errors.log             tracebacks of what raised in the user's code (a reward, an environment), when any
@@ -19,8 +19,10 @@ from pathlib import Path
 from tba.errors import UserError
 
 RUN_FILES = ("buffer.sqlite", "buffer.sqlite-wal", "buffer.sqlite-shm", "checkpoints", "metrics.jsonl",
-             "metrics.interrupted.jsonl", "summary.json", "tensorboard", "checkpoint", "init",
+             "metrics.interrupted.jsonl", "summary.json", "tensorboard", "mlflow", "wandb", "checkpoint", "init",
              "errors.log")
+"""What --overwrite removes: the run's files, the report_to backends' stores under it (tensorboard/, mlflow/, wandb/)
+among them."""
 
 
 class RunDirError(UserError, RuntimeError):

@@ -21,12 +21,15 @@ from tba.algorithm.state import RunState
 from tba.config import RunConfig, plain, save_config, to_dict
 from tba.errors import ConfigError
 from tba.models import save_checkpoint
+from tba.models.shape import source_config
 from tba.run.build import build_run, build_task, loop_settings, warm_start
 from tba.run.checkpoint import Checkpointer
 from tba.run.logger import MetricsLogger
 from tba.run.progress import RunControl
 from tba.run.searchers import default_threads, searcher_groups
+from tba.run.sharded import compute_dtype, rank_devices
 from tba.run.summary import run_summary
+from tba.run.utilization import utilization
 from tba.runtime import forkserver
 
 logger = logging.getLogger(__name__)
@@ -66,7 +69,8 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, set_
                 evaluator=run.evaluator, checkpoints=Checkpointer(out, run.tokenizer, cfg.checkpoint.keep),
                 logger=metrics, state=state, monitor=monitor, resumed=resume_from is not None,
                 progress=RunControl(cfg.trainer.steps, enabled=cfg.logging.progress, start=state.step,
-                                    plain_every_s=cfg.logging.plain_every_s))
+                                    plain_every_s=cfg.logging.plain_every_s),
+                utilization=trainer_utilization(cfg, run, state))
     errors_log = logging.FileHandler(out / "errors.log", delay=True)  # written only when something raised
     errors_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     tracebacks.addHandler(errors_log)
@@ -88,6 +92,15 @@ def train(cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, set_
     summary["checkpoint"] = str(out / "checkpoint")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def trainer_utilization(cfg: RunConfig, run, state: RunState):
+    """trainer/mfu's counter (tba.run.utilization) for the run's trainer: its devices, compute dtype and policy."""
+    if cfg.trainer.world_size > 1:
+        return utilization(rank_devices(cfg), compute_dtype(cfg), source_config(state.policy_source),
+                           lora=cfg.model.lora.enabled, shared_prompts=cfg.trainer.shared_prompts)
+    return utilization([run.policy.device], cfg.model.autocast or cfg.model.dtype, run.policy.config,
+                       lora=cfg.model.lora.enabled, shared_prompts=run.trainer.shared_prompts)
 
 
 def sft(cfg: RunConfig) -> Path:
