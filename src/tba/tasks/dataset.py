@@ -63,6 +63,15 @@ def _is_chat(prompt) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
 
 
+def named_and_weighted(functions: list[Callable], reward_weights) -> tuple[list[str], list[float]]:
+    """Each reward function's metric name (its own, numbered where two share one) and its weight (default 1)."""
+    names = [getattr(f, "__name__", type(f).__name__) for f in functions]
+    weights = list(reward_weights) if reward_weights is not None else [1.0] * len(functions)
+    if len(weights) != len(functions):
+        raise ConfigError(f"task.options.reward_weights: {len(weights)} weights for {len(functions)} reward functions")
+    return [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)], weights
+
+
 def reward_functions(reward) -> list[Callable]:
     """Callables from what task.options.reward holds: a callable, a target, a comma list of targets, a list."""
     if reward is None:
@@ -104,12 +113,7 @@ class DatasetTask:
             raise ConfigError("task.options.source: the dataset task needs data (a file, a Hub name, or "
                               "train_dataset= in Python)")
         self.functions = reward_functions(reward)
-        names = [getattr(f, "__name__", type(f).__name__) for f in self.functions]
-        self.reward_names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
-        self.weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.functions)
-        if len(self.weights) != len(self.functions):
-            raise ConfigError(f"task.options.reward_weights: {len(self.weights)} weights for {len(self.functions)} "
-                              "reward functions")
+        self.reward_names, self.weights = named_and_weighted(self.functions, reward_weights)
         rows = _rows(source, split, "source")
         if test_source is not None:
             test_rows, held_from = _rows(test_source, test_split, "test_source"), ("test_source", 0)

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from tba.errors import ConfigError, UserError, raised
 from tba.plugins import load_object
 from tba.tasks.base import Prompt
-from tba.tasks.dataset import DatasetTask, _call, _checked, _rows, reward_functions
+from tba.tasks.dataset import DatasetTask, _call, _checked, _rows, named_and_weighted, reward_functions
 from tba.tasks.tools import ToolCallError, chat_messages, parse_tool_calls
 
 NOT_TOOLS = ("reset", "get_reward")
@@ -153,12 +153,7 @@ class FactoryTask:
             raise FactoryError(f"{who}: an environment_factory's instance must define a callable reset(**row)")
         self.schemas = [tool_schema(m) for m in tool_methods(probe)]
         self.functions = reward_functions(reward) if reward is not None else []
-        names = [getattr(f, "__name__", type(f).__name__) for f in self.functions]
-        self.reward_names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
-        self.weights = list(reward_weights) if reward_weights is not None else [1.0] * len(self.functions)
-        if len(self.weights) != len(self.functions):
-            raise ConfigError(f"task.options.reward_weights: {len(self.weights)} weights for {len(self.functions)} "
-                              "reward functions")
+        self.reward_names, self.weights = named_and_weighted(self.functions, reward_weights)
         self.env_reward = who if callable(getattr(probe, "get_reward", None)) else None
         if not self.functions and self.env_reward is None:
             raise ConfigError(f"task.options.reward: no reward source — pass reward_funcs, or give {who} a "
