@@ -84,8 +84,10 @@ def test_two_ranks_update_as_one_process(source, tiny_tokenizer, tmp_path, objec
         assert trainer.version == single.version == 3
         mine, masters = single.model.state_dict(), trainer.masters()
         assert set(masters) == set(mine) - {"lm_head.weight"}  # a tied head once, as save_pretrained writes it
-        worst = max(relative(masters[k], mine[k]) for k in masters)
-        assert worst <= 1e-5, worst
+        # the masters after 3 Adam steps: the reduce-scatter sums in another order than one process, and Adam's
+        # normalisation carries that rounding into the weights (worst 1.2e-5–1.4e-5 on an AMD EPYC, < 1e-5 on Intel)
+        worst = max((relative(masters[k], mine[k]), k) for k in masters)
+        assert worst[0] <= 2e-5, worst
         published = trainer.weights()  # in the forward dtype (float32 here): the master weights, exactly
         assert published.keys() == mine.keys()
         assert all(torch.equal(published[k], masters.get(k, masters["model.embed_tokens.weight"])) for k in published)
