@@ -26,7 +26,7 @@ GPUS: dict[str, tuple[int, str]] = {
     "L40S": (47803596800, f"L40S: {_DQ} gls/L40S_deviceQuery.py"),
     "A40": (47608692736, f"A40: {_DQ} gls/A40x10_deviceQuery.py"),
     "L4": (23570219008, f"L4: {_DQ} gls/L4_deviceQuery.py"),
-    "A10G": (23028 * MIB, f"A10G: {_SMI} 23028 MiB (NVIDIA/DCGM issue 232)"),
+    "A10G": (23028 * MIB, f"A10G: {_SMI} 23028 MiB (github.com/NVIDIA/DCGM/issues/232)"),
     "A10": (23028 * MIB, f"A10: {_SMI} 23028 MiB (modal-labs/modal-client PR 2797)"),
     "T4": (15360 * MIB, f"T4: {_SMI} 15360 MiB (modal-labs/modal-client PR 2797)"),
     "RTX4090": (25386352640, f"GeForce RTX 4090: {_DQ} gls/RTX4090_deviceQuery.py"),

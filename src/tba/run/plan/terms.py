@@ -23,7 +23,7 @@ of it with the fork server; the plan counts it whole."""
 CUDA_CONTEXT_BYTES = 512 * 1024**2
 """Each process's CUDA context on each GPU it touches, outside torch's allocator: about 300 MB since CUDA 11.7's
 lazy module loading, 300–400 MB and more before it (pytorch/pytorch issues 107667 and 20532); a process that only
-opens another's CUDA IPC handles on a GPU gets one there too (pytorch/pytorch issue 78884). Rounded up."""
+opens another's CUDA IPC handles on a GPU gets one there too (github.com/pytorch/pytorch/issues/78884). Rounded up."""
 LOGPROB_CHUNK_COPIES = 1
 """Live float32 [chunk × vocab] tensors at the peak of the trainer's chunked log-probs: one, in forward and backward
 (tba.models.logprobs: the head's output, its logsumexp taken in place, a linear head's own backward recomputing the
