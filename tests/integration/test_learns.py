@@ -18,8 +18,10 @@ from runs import train_in_a_fresh_process
 SLICE = ["sft.steps=600", "trainer.steps=20", "eval.every_steps=20", "task.test_size=200", "task.train_size=2000",
          "runtime=inline", "mode=sync", "logging.progress=false", "logging.tensorboard=false"]
 """The slice, as bench/results/learning/ci_slice.md's header records it (seed 0)."""
-MARGIN = 0.30
-"""Greedy pass@1 gained, at least: seed 0 gained 0.49 in the committed result."""
+MARGIN = 0.15
+"""Greedy pass@1 gained, at least: seed 0 gained 0.49 in the committed result (from 44 %) and
+0.29 in a CI run on another CPU kind (from 49.5 %: the warm start differs by machine), so half
+the smaller; a step that stops learning gains about nothing."""
 
 
 def committed_rows() -> list[dict]:

@@ -83,10 +83,12 @@ def cpu_name() -> str:
 def measure_gemm(dtype: torch.dtype, n: int = 1024, budget_s: float = 0.3) -> float:
     """The best FLOP/s of square matmuls in `dtype` on this CPU at torch's current thread count, over about
     `budget_s` seconds (at least 3 calls). The size grows from 256 to `n` while a call takes under 10 ms: a slow
-    dtype (float16 without native support runs at a few GFLOP/s) is measured small and stays well under a second."""
-    size = 256
+    dtype (float16 without native support runs at a few GFLOP/s) is measured small and stays well under a second.
+    The operands come from a private generator: a run measures this at every start, and drawing from the global RNG
+    would make a resumed run's updates differ from a straight run's."""
+    size, gen = 256, torch.Generator().manual_seed(0)
     while True:
-        a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+        a, b = (torch.randn(size, size, generator=gen).to(dtype) for _ in range(2))
         t = time.perf_counter()
         torch.matmul(a, b)  # also the warm-up of this size
         if size >= n or time.perf_counter() - t > 0.01:

@@ -234,7 +234,7 @@ def test_a_vllm_cpu_engine_samples_the_weights_it_received_through_vllms_weight_
 
     from tba.config.schema import RunConfig
     from tba.models import load_model
-    from tba.models.generation import response_logprobs
+    from tba.models.logprobs import response_logprobs
     from tba.run.searchers import sampler_spec
     from tba.runtime.worker import build_sampler
 
