@@ -93,6 +93,25 @@ def test_broken_local_directory_reraises_the_original_error(hub_offline, tmp_pat
     assert "config.json" in str(e.value)
 
 
+def test_safetensors_index_finds_a_whole_checkpoints_tensors_and_nothing_else(hub_offline, tmp_path, tiny_model,
+                                                                              tiny_tokenizer):
+    """What each rank of a sharded trainer reads its shards from: every tensor's file of a save_pretrained
+    directory; None for an adapter directory, a `.bin`-only one or a name not in the local cache (rank 0 then loads
+    the whole model and broadcasts it)."""
+    from tba.models.sources import safetensors_index
+
+    save_checkpoint(tiny_model, tiny_tokenizer, tmp_path / "whole")
+    files = safetensors_index(str(tmp_path / "whole"))
+    assert set(files) >= {k for k in tiny_model.state_dict() if k != "lm_head.weight"}  # tied: stored once
+    assert set(files.values()) == {tmp_path / "whole" / "model.safetensors"}
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"")
+    for other in (tmp_path / "adapter", tmp_path / "bin", "some-org/definitely-not-a-model"):
+        assert safetensors_index(str(other)) is None
+
+
 def test_package_source_names_the_missing_package():
     from tba.models import ModelLoadError
     from tba.models.sources import resolve_source

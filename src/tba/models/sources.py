@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -69,6 +70,33 @@ def resolve_source(name_or_path: str) -> str:
     if name_or_path.endswith(".gguf"):
         return str(_convert_gguf(Path(name_or_path)))
     return name_or_path
+
+
+def safetensors_index(name_or_path: str) -> dict[str, Path] | None:
+    """Each tensor's file in a whole model's safetensors checkpoint (`model.safetensors`, or transformers' sharded
+    index), found as `from_pretrained` would find it (a directory, the local hub cache, a converted GGUF): what each
+    rank of a sharded trainer reads its own shards from. None for anything else — a LoRA adapter directory, a name
+    not cached locally, a `.bin` checkpoint — which the ranks then receive from rank 0 instead."""
+    path = Path(resolve_source(name_or_path))
+    if not path.is_dir():
+        from huggingface_hub import snapshot_download
+
+        try:
+            path = Path(snapshot_download(str(path), local_files_only=True))
+        except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError), not a repo id
+            return None
+    if (path / "adapter_config.json").is_file():
+        return None
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    single = path / "model.safetensors"
+    if not single.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as f:
+        return dict.fromkeys(f.keys(), single)
 
 
 def cached_gguf(path: Path) -> Path | None:

@@ -156,6 +156,70 @@ def load_full(model: torch.nn.Module, state: dict[str, torch.Tensor] | None) -> 
     set_model_state_dict(model, state or {}, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
+def kept_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The values of `model`'s buffers that its construction computed (a skeleton's parameters are on the meta
+    device, its buffers are not: the rotary frequencies), kept across `to_empty`."""
+    return {clean(k): b.detach().clone() for k, b in model.named_buffers() if not b.is_meta}
+
+
+def readable(model: torch.nn.Module, files: dict | None, buffers: dict[str, torch.Tensor]) -> bool:
+    """Whether every rank can fill `model` from the safetensors `files` (tba.models.sources.safetensors_index)
+    alone: each parameter under one of its (tied) names and each persistent buffer in them, every other buffer's
+    value kept. Agreed over the ranks (collective): one rank that cannot read them makes all receive from rank 0."""
+    ok = files is not None
+    if ok:
+        tied: dict[int, list[str]] = {}
+        for key, p in model.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), []).append(clean(key))
+        persistent = {clean(k) for k in model.state_dict()}
+        ok = (all(any(k in files for k in keys) for keys in tied.values())
+              and all((name in files) if name in persistent else (name in buffers)
+                      for name in map(clean, dict(model.named_buffers()))))
+    flag = torch.tensor([int(ok)], device=_mesh_device(model))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def load_own_shards(model: torch.nn.Module, files: dict, buffers: dict[str, torch.Tensor]) -> None:
+    """Each rank fills its own shards from the safetensors `files`, one tensor at a time: the whole tensor read from
+    its file, this rank's chunk of it along dim 0 (as FSDP2 shards) copied in, the rest freed before the next. No
+    process holds the whole model and nothing is sent (rank-local). Persistent buffers come from the files, the
+    others from `buffers` (kept_buffers). Tied parameters are filled once, from whichever name the files hold."""
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        opened = {}
+
+        def read(name: str) -> torch.Tensor:
+            if files[name] not in opened:
+                opened[files[name]] = stack.enter_context(safe_open(str(files[name]), framework="pt"))
+            return opened[files[name]].get_tensor(name)
+
+        done = set()
+        for key, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in done or clean(key) not in files:
+                continue
+            full, done = read(clean(key)), done | {id(p)}
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if isinstance(p, DTensor):
+                rank, chunks = p.device_mesh.get_local_rank(), torch.chunk(full, p.device_mesh.size(), dim=0)
+                full = chunks[rank] if rank < len(chunks) else full[:0]
+            if full.shape != local.shape:
+                raise ValueError(f"{clean(key)}: this rank's shard is {tuple(local.shape)}, the file's chunk "
+                                 f"{tuple(full.shape)}")
+            local.copy_(full)
+            del full
+        persistent = {clean(k) for k in model.state_dict()}
+        for key, b in model.named_buffers():
+            name = clean(key)
+            b.copy_(read(name) if name in persistent else buffers[name])
+
+
+def _mesh_device(model: torch.nn.Module) -> torch.device:
+    p = next(model.parameters())
+    return torch.device(p.device_mesh.device_type) if isinstance(p, DTensor) else p.device
+
+
 def broadcast_buffers(model: torch.nn.Module, whole: torch.nn.Module | None) -> None:
     """Every buffer of the sharded `model` (FSDP leaves buffers whole; after `to_empty` they hold garbage, the
     rotary embeddings' non-persistent ones included) from rank 0's `whole` policy (None on the other ranks)."""

@@ -35,6 +35,7 @@ from tba.algorithm.trainer import Trainer, _Tally
 from tba.config.fsdp import FSDPConfig
 from tba.models import DTYPES, save_buckets, synced_tensors
 from tba.models.logprobs import response_logprobs
+from tba.models.sources import safetensors_index
 from tba.ranks import fsdp
 
 logger = logging.getLogger(__name__)
@@ -71,10 +72,15 @@ class RankModels:
     trainer_args: dict
     """The Trainer's keyword arguments besides its model (no `reference`: a rank makes its own)."""
     start: Callable[[], torch.nn.Module]
-    """Rank 0 only: the start policy, whole, in host memory (the checkpoint's on resume): every rank's shards are
-    broadcast from it, and freed with it."""
+    """The start policy, whole, in host memory (the checkpoint's on resume), loaded by rank 0 to broadcast only
+    when the ranks cannot read their shards from `start_source` themselves."""
+    start_source: str | None = None
+    """Where the start weights are (a directory, a hub name): each rank reads its own shards from its files."""
     reference: Callable[[], torch.nn.Module] | None = None
-    """The objective's own π_ref (TBA′), whole in host memory (rank 0 only); None when the objective keeps none."""
+    """The objective's own π_ref (TBA′), whole in host memory (rank 0 only, as `start`); None when the objective
+    keeps none."""
+    reference_source: str | None = None
+    """Where that π_ref is, read as `start_source`."""
     evaluation: Callable[[], object] | None = None
     """The evaluation's parts (tba.rollout.evaluate.ShareEvaluation), made at a rank's first evaluation."""
     skeleton: Callable[[str], torch.nn.Module] | None = None
@@ -281,33 +287,41 @@ def _status_gb(field: str) -> float:
 
 
 def build(parts: RankParts, rank: int, world: int, device: torch.device) -> RankTrainer:
-    """This rank's trainer: the policy sharded, its shards filled from rank 0's start weights (broadcast), π_ref
-    sharded alike for an objective that keeps its own. Collective: every rank, in this order."""
+    """This rank's trainer: the policy sharded, π_ref sharded alike for an objective that keeps its own. Collective:
+    every rank, in this order."""
     rss_start = _status_gb("VmRSS")
     models = parts.build()
-    policy = fsdp.shard(models.policy, parts.fsdp, dtype=parts.dtype, device=device)
-    policy.to_empty(device=device)
-    start = models.start() if rank == 0 else None
-    fsdp.load_full(policy, start.state_dict() if start is not None else None)
-    fsdp.broadcast_buffers(policy, start)
-    del start
+    policy = _filled(models.policy, models.start, models.start_source, parts.fsdp, parts.dtype, device)
     args = dict(models.trainer_args)
     every = args.pop("reference_reset_steps", None)
     reference = None
     if models.reference is not None:
-        skeleton = models.skeleton(parts.compute_dtype)
         ref_cfg = dataclasses.replace(parts.fsdp, param_dtype=parts.compute_dtype)
-        ref = fsdp.shard(skeleton, ref_cfg, dtype=parts.compute_dtype, device=device)
-        ref.to_empty(device=device)
-        whole = models.reference() if rank == 0 else None
-        fsdp.load_full(ref, whole.state_dict() if whole is not None else None)
-        fsdp.broadcast_buffers(ref, whole)
-        del whole
+        ref = _filled(models.skeleton(parts.compute_dtype), models.reference, models.reference_source, ref_cfg,
+                      parts.compute_dtype, device)
         reference = ShardedReference(ref, every, policy, args["cfg"].logprob_chunk_tokens)
     trainer = RankTrainer(policy, rank=rank, world=world, parts=parts, models=models, device=device,
                           reference=reference, **args)
     trainer.rss_start_gb = rss_start
     return trainer
+
+
+def _filled(skeleton: torch.nn.Module, whole: Callable[[], torch.nn.Module], source: str | None, cfg: FSDPConfig,
+            dtype: str, device: torch.device) -> torch.nn.Module:
+    """`skeleton` sharded on `device` and its shards filled: each rank reads its own from `source`'s safetensors
+    files when they hold every tensor (no process ever holds the whole model), else rank 0 loads `whole()` into host
+    memory and broadcasts it (a LoRA adapter directory, a checkpoint in another format)."""
+    buffers = fsdp.kept_buffers(skeleton)
+    model = fsdp.shard(skeleton, cfg, dtype=dtype, device=device)
+    model.to_empty(device=device)
+    files = safetensors_index(source) if source is not None else None
+    if fsdp.readable(model, files, buffers):
+        fsdp.load_own_shards(model, files, buffers)
+        return model
+    start = whole() if dist.get_rank() == 0 else None
+    fsdp.load_full(model, start.state_dict() if start is not None else None)
+    fsdp.broadcast_buffers(model, start)
+    return model
 
 
 @contextlib.contextmanager

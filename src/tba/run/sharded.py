@@ -3,9 +3,10 @@
 and the controller's handle on them (tba.ranks.controller.ShardedTrainer).
 
 The controller — the run's own process — never loads the policy onto a training device. Every rank builds the
-policy's architecture on the meta device, shards it, and rank 0 reads the start weights into host memory once to
-broadcast them: the run's start (its source, or RUN_DIR/start when the start exists only in the controller: the
-builtin model, LoRA's fresh adapters) or, on resume, the checkpoint's model/.
+policy's architecture on the meta device, shards it, and reads its own shards from the start's safetensors files:
+the run's start (its source, or RUN_DIR/start when the start exists only in the controller: the builtin model,
+LoRA's fresh adapters) or, on resume, the checkpoint's model/. Where the files cannot serve (LoRA adapters), rank 0
+loads the start into host memory and broadcasts it.
 """
 
 from __future__ import annotations
@@ -53,13 +54,19 @@ def compute_dtype(cfg: RunConfig) -> str:
 
 
 def skeleton(base: str, lora, dtype: str) -> torch.nn.Module:
-    """The policy's architecture on the meta device in `dtype` (no weight is read): `base`'s config, with LoRA's
-    adapters when `lora` is a LoraConfig (their base recorded as `base`, so a checkpoint's adapters load again)."""
-    with torch.device("meta"):
+    """The policy's architecture in `dtype`, its parameters on the meta device (no weight is read or initialised),
+    its buffers computed on the CPU (the rotary frequencies: each rank has them without a broadcast): `base`'s
+    config, with LoRA's adapters when `lora` is a LoraConfig (their base recorded as `base`, so a checkpoint's
+    adapters load again)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(source_config(base), dtype=DTYPES[dtype])
-        if lora is not None:
+    model.tie_weights()  # again outside: the context re-creates each parameter it registers, which unties them
+    if lora is not None:
+        with init_empty_weights(include_buffers=False):
             model = apply_lora(model, lora)
-            model.peft_config["default"].base_model_name_or_path = base
+        model.peft_config["default"].base_model_name_or_path = base
     return model
 
 
@@ -110,8 +117,9 @@ class RankBuild:
         owns = OBJECTIVES[self.cfg.objective].owns_reference
         return RankModels(
             policy=make(m.dtype), trainer_args=rank_trainer_args(self.cfg, self.pad_id),
-            start=functools.partial(load_model, self.start, m.dtype),
+            start=functools.partial(load_model, self.start, m.dtype), start_source=self.start,
             reference=functools.partial(load_model, self.own_reference or self.reference, dtype) if owns else None,
+            reference_source=(self.own_reference or self.reference) if owns else None,
             evaluation=functools.partial(rank_evaluation, self.cfg, self.base, self.reference),
             skeleton=functools.partial(skeleton, self.base, None) if owns else make)
 
