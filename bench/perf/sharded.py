@@ -55,6 +55,7 @@ def child(args: argparse.Namespace) -> dict:
     from tba.config import load_config
     from tba.models import load_model, load_tokenizer
     from tba.models.builtin import train_tokenizer
+    from tba.ranks.rank import reset_peaks
     from tba.rollout.evaluate import Evaluator, SpreadEvaluator
     from tba.run import build, checkpoint
     from tba.run.searchers import task_spec
@@ -106,13 +107,26 @@ def child(args: argparse.Namespace) -> dict:
                   [Sample(torch.randint(3, args.vocab, (args.response,), generator=g).tolist(),
                           [-1.0] * args.response, reward=float(j), version=0) for j in range(2)], online=True)
              for p in range(2)]
+    phases = {}
+
+    def phase(name: str) -> None:
+        """Each trainer process's peak since the last phase, then the peaks start again (VmHWM reset)."""
+        if args.child == "plain":
+            here = {"rss_peak_gb": _rss_gb("VmHWM"), "rss_start_gb": base}
+            reset_peaks(torch.device(args.device))
+            phases[name] = [here]
+        else:
+            phases[name] = trainer.memory(reset=True)
+
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    phase("build")
     times = []
     for _ in range(args.steps):
         t = time.perf_counter()
         trainer.step(draws)
         times.append(time.perf_counter() - t)
+    phase("update")
     publish = {}
     if args.child != "plain":
         for mb in args.buckets:
@@ -124,18 +138,21 @@ def child(args: argparse.Namespace) -> dict:
                 spent.append(time.perf_counter() - t)
             publish[f"{mb:g}"] = statistics.median(spent)
     trainer.weights()
+    phase("publication")
     t = time.perf_counter()
     checkpoint.Checkpointer(ckpt, tokenizer, keep=1).save(args.steps, trainer=trainer, state={})
     save_s = time.perf_counter() - t
+    phase("checkpoint")
     t = time.perf_counter()
     score = evaluator()["score"]
     eval_s = time.perf_counter() - t
-    controller = (_rss_gb("VmHWM"), base)
-    if args.child == "plain":
-        ranks = [{"rss_peak_gb": controller[0], "rss_start_gb": base}]
-    else:
-        ranks = trainer.memory()
-    gpu = [r.get("gpu_peak_gb") for r in ranks] if args.device.startswith("cuda") else None
+    controller = (_rss_gb("VmHWM"), base)  # the plain variant's peaks were reset: its trainer's are in `phases`
+    phase("evaluation")
+    own = {name: [r["rss_peak_gb"] - r["rss_start_gb"] for r in ranks] for name, ranks in phases.items()}
+    ranks = [max((phases[name][r] for name in phases), key=lambda m: m["rss_peak_gb"])
+             for r in range(len(phases["build"]))]
+    gpu = ([max(phases[name][r].get("gpu_peak_gb") or 0.0 for name in phases) for r in range(len(ranks))]
+           if args.device.startswith("cuda") else None)
     if args.child == "plain" and args.device.startswith("cuda"):
         gpu = [torch.cuda.max_memory_allocated() / 2**30]
     peak = args.peak_tflops
@@ -151,6 +168,7 @@ def child(args: argparse.Namespace) -> dict:
             "step_s": statistics.median(times[1:] or times), "tokens_per_s": tokens_s,
             "peak_rss_gb": [r["rss_peak_gb"] for r in ranks],
             "own_gb": [r["rss_peak_gb"] - r["rss_start_gb"] for r in ranks],
+            "phases_own_gb": own, "plan_phases_gb": plan_phases(cfg, world),
             "controller_own_gb": None if args.child == "plain" else controller[0] - controller[1],
             "gpu_peak_gb": gpu, "publish_s": publish, "checkpoint_s": save_s, "eval_s": eval_s, "eval_score": score,
             "plan_gb": estimate, "mfu": mfu}
@@ -166,6 +184,19 @@ def plan_estimate(cfg, world: int) -> list[float]:
     occupants = {o.name: o for d in plan.devices for o in d.occupants}
     return [(occupants[n].bytes - sum(t.bytes for t in occupants[n].terms if t.name.startswith("process"))) / 2**30
             for n in names]
+
+
+def plan_phases(cfg, world: int) -> dict[str, float]:
+    """`tba plan`'s estimate of rank 0's memory in GB during each phase (what it always holds, that phase's terms;
+    the per-process term left out, as in plan_estimate)."""
+    from tba.run.plan import make_plan
+    from tba.run.plan.ledger import PHASES
+
+    plan = make_plan(cfg, capacity=lambda device: None)
+    name = "trainer" if world == 1 else "trainer rank 0"
+    terms = next(o for d in plan.devices for o in d.occupants if o.name == name).terms
+    always = sum(t.bytes for t in terms if t.phase is None and not t.name.startswith("process"))
+    return {p: (always + sum(t.bytes for t in terms if t.phase == p)) / 2**30 for p in PHASES}
 
 
 def table(rows: list[dict], buckets: list[float]) -> str:
@@ -184,6 +215,13 @@ def table(rows: list[dict], buckets: list[float]) -> str:
                    f"{r['tokens_per_s']:.0f} | {each(r['peak_rss_gb'])} | {each(r['own_gb'])} | "
                    f"{each(r.get('plan_gb'))} | {each(ratio)} | {controller} | {r['checkpoint_s']:.1f} | "
                    f"{r['eval_s']:.1f} | {each(r['steps_s'])} |")
+    names = ("build", "update", "publication", "checkpoint", "evaluation")
+    out += ["", "Each phase's own peak per rank (GB; the peaks reset between phases), `tba plan`'s for that phase "
+                "in brackets:", "", "| variant | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for r in rows:
+        plan = r["plan_phases_gb"]
+        out.append(f"| {r['variant']} | " + " | ".join(
+            each(r["phases_own_gb"][n]) + (f" [{plan[n]:.2f}]" if n in plan else "") for n in names) + " |")
     if any(r["gpu_peak_gb"] is not None for r in rows):
         out += ["", "| variant | torch.cuda.max_memory_allocated per rank (GB) | MFU (6·N·tokens/s ÷ peak) |",
                 "|---|---|---|"]

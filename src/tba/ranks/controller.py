@@ -130,9 +130,9 @@ class ShardedTrainer:
         hyperparameters (state.json keeps them)."""
         return self.group.call("save", [str(path)] * self.world, self.timeouts.checkpoint_s)[0]
 
-    def memory(self) -> list[dict[str, float]]:
-        """Each rank's memory (tba.ranks.rank.RankTrainer.memory), in rank order."""
-        return self.group.call("memory", [None] * self.world, self.timeouts.collective_s)
+    def memory(self, reset: bool = False) -> list[dict[str, float]]:
+        """Each rank's memory (tba.ranks.rank.RankTrainer.memory), in rank order; `reset`: peaks start again."""
+        return self.group.call("memory", [reset] * self.world, self.timeouts.collective_s)
 
     def save_model(self, path: Path) -> None:
         """A `from_pretrained` directory of the policy (its master weights; a LoRA run's adapters) at `path`."""

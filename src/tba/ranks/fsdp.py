@@ -232,6 +232,19 @@ def broadcast_buffers(model: torch.nn.Module, whole: torch.nn.Module | None) -> 
         dist.broadcast(buffer, src=0)
 
 
+def release_freed() -> None:
+    """Hand the C heap's free memory back to the OS (glibc's malloc_trim; nothing elsewhere). A stream's buckets
+    are host copies made and freed one after another, partly in the queue's feeder thread: glibc keeps what they
+    freed in its arenas, so without this the rank that sent them keeps a model's worth of RSS it no longer uses."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl)
+        pass
+
+
 def grad_norm(model: torch.nn.Module) -> torch.Tensor:
     """The L2 norm of the whole (sharded) gradient, the same on every rank."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]

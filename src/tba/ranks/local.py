@@ -1,5 +1,9 @@
 """A sharded trainer's ranks as processes of this machine (runtime=local and offline): torch.multiprocessing spawn,
-one command queue per rank, one queue of answers for all, the rendezvous on loopback.
+one command queue per rank, one queue of answers for all, the rendezvous on loopback. A stream's buckets (a
+publication, the masters) cross a pipe of their own as safetensors bytes, each send returning once the controller
+has read it: rank 0 holds one bucket beyond its shard. Through the answers queue they would not: a queue's put
+returns at once (rank 0 would gather every bucket ahead of the controller), its feeder thread pickles another copy,
+and torch moves a queued tensor into shared memory that stays mapped while the controller keeps it.
 
 Each rank process watches the controller (tba.runtime.lifetime.Lifeline: it ends within a fraction of a second of
 the controller's exit, even blocked in a collective) and ignores Ctrl-C (the controller's to handle). A second
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load, save
 
 from tba.ranks import fsdp
 from tba.ranks.controller import TrainerRankError
@@ -56,6 +61,8 @@ class RankArgs:
     abort: object
     """Raised (1) by the controller when a rank failed: every other rank aborts its process group and exits."""
     controller_pid: int
+    items: object
+    """The sending end of the pipe rank 0's stream items cross (tba.ranks.local's docstring)."""
 
 
 def _state(pid: int) -> str:
@@ -109,8 +116,7 @@ def _rank_main(a: RankArgs) -> None:
                 if command == "stop":
                     break
                 if command in STREAMS:
-                    for item in trainer.items(command, payload):
-                        a.answers.put(("item", a.rank, command, item))
+                    _send_stream(a, trainer.items(command, payload), command)
                     result = None
                 else:
                     result = trainer.run(command, payload)
@@ -118,6 +124,16 @@ def _rank_main(a: RankArgs) -> None:
     except BaseException:
         a.answers.put(("error", a.rank, None, traceback.format_exc()))
         sys.exit(1)
+
+
+def _send_stream(a: RankArgs, items: Iterator[dict], command: str) -> None:
+    """Rank 0's stream: each bucket announced on the answers queue, then its bytes through the pipe. A function of
+    its own so that no bucket outlives its send (a loop variable would keep the last one until the next command)."""
+    for item in items:
+        a.answers.put(("item", a.rank, command, None))
+        a.items.send_bytes(save(item))  # returns once the controller has read it all
+        del item
+    fsdp.release_freed()
 
 
 class LocalRanks:
@@ -130,14 +146,16 @@ class LocalRanks:
         self.world = len(devices)
         self.timeout_s = parts.fsdp.collective_timeout_s
         address, self.answers, self.abort = free_address(), ctx.Queue(), ctx.RawValue("b", 0)
+        self.items, sender = ctx.Pipe(duplex=False)
         self.commands = [ctx.Queue() for _ in range(self.world)]
         self.procs: list[Child] = []
         for r in range(self.world):
             p = ctx.Process(target=_rank_main, name=f"tba-trainer-rank-{r}", daemon=True,
                             args=(RankArgs(r, self.world, address, devices[r], parts, self.commands[r], self.answers,
-                                           self.abort, os.getpid()),))
+                                           self.abort, os.getpid(), sender if r == 0 else None),))
             p.start()
             self.procs.append(Child(p))
+        sender.close()  # rank 0 holds the only sending end: its death ends the pipe (EOFError), not a hang
         self.seen: dict[int, float] = {}
         self.placement = [{"rank": r, "pid": c.pid, "host": socket.gethostname()} for r, c in enumerate(self.procs)]
         try:
@@ -165,8 +183,14 @@ class LocalRanks:
         answers: dict[int, object] = {}
         while len(answers) < self.world:
             kind, rank, _, detail = self._get(command, timeout_s)
-            if kind == "item" and items:
-                yield "item", detail
+            if kind == "item":
+                try:
+                    bucket = load(self.items.recv_bytes())
+                except EOFError:  # rank 0 raised or died while sending it: its traceback or exit code follows
+                    self._get(command, self.timeout_s)
+                    raise self._error(command, "rank 0 closed its stream mid-bucket") from None
+                if items:
+                    yield "item", bucket
             elif kind == "done":
                 answers[rank] = detail
         yield "answers", [answers[r] for r in range(self.world)]
@@ -243,3 +267,4 @@ class LocalRanks:
                 p.end()
             p.release()
         self.procs, self.commands = [], []
+        self.items.close()

@@ -133,6 +133,12 @@ class RankTrainer(Trainer):
     # ---- the commands ----------------------------------------------------------------------------------------
     def run(self, command: str, payload):
         """Carry out one command of the controller on this rank; returns its answer (plain data, host memory)."""
+        try:
+            return self._run(command, payload)
+        finally:
+            fsdp.release_freed()  # a command's host copies, freed, leave this process's RSS
+
+    def _run(self, command: str, payload):
         if command == "step":
             return self.step_part(payload)
         if command == "evaluate":
@@ -142,7 +148,7 @@ class RankTrainer(Trainer):
         if command == "load":
             return self.load(*payload)
         if command == "memory":
-            return self.memory()
+            return self.memory(reset=bool(payload))
         if command == "export":
             return self.export(Path(payload))
         raise ValueError(f"unknown trainer command {command!r}")
@@ -210,12 +216,16 @@ class RankTrainer(Trainer):
             return None
         return [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.state_dict()["param_groups"]]
 
-    def memory(self) -> dict[str, float]:
+    def memory(self, reset: bool = False) -> dict[str, float]:
         """This rank's memory in GB: its process's peak resident memory (VmHWM) and what it was before the model was
-        built (`start`: the interpreter and libraries), and on a GPU the peak torch allocated there."""
-        out = {"pid": os.getpid(), "rss_peak_gb": _status_gb("VmHWM"), "rss_start_gb": self.rss_start_gb}
+        built (`start`: the interpreter and libraries), and on a GPU the peak torch allocated there. `reset`: the
+        peaks start again from now (a benchmark's phase by phase)."""
+        out = {"pid": os.getpid(), "rss_peak_gb": _status_gb("VmHWM"), "rss_start_gb": self.rss_start_gb,
+               "rss_gb": _status_gb("VmRSS"), "shmem_gb": _status_gb("RssShmem")}
         if self.device.type == "cuda":
             out["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        if reset:
+            reset_peaks(self.device)
         return out
 
     def export(self, path: Path) -> None:
@@ -273,6 +283,16 @@ def _write(path: Path, buckets, model, *, main: bool) -> None:
 def _config(model):
     base = model.get_base_model() if getattr(model, "peft_config", None) else model
     return base.config
+
+
+def reset_peaks(device: torch.device) -> None:
+    """The process's VmHWM back to its current RSS (Linux: clear_refs 5) and torch's GPU peak to what is allocated."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _status_gb(field: str) -> float:

@@ -70,6 +70,12 @@ class _RankActor:
 
     def stream(self, command: str, payload) -> Iterator:
         yield from self.trainer.items(command, payload)
+        fsdp.release_freed()
+
+
+IN_FLIGHT = 2
+"""Buckets of a stream rank 0's generator may yield ahead of the controller (Ray's generator backpressure): a yield
+does not wait, so unbounded, rank 0 would gather every bucket ahead of the controller and hold the whole model."""
 
 
 class RayRanks:
@@ -121,7 +127,8 @@ class RayRanks:
     def stream(self, command: str, payloads: list, timeout_s: float) -> Iterator:
         if command not in STREAMS:
             raise ValueError(f"{command!r} is not a streaming command")
-        streams = [a.stream.options(num_returns="streaming").remote(command, p)
+        streams = [a.stream.options(num_returns="streaming", _generator_backpressure_num_objects=IN_FLIGHT).remote(
+                       command, p)
                    for a, p in zip(self.actors, payloads, strict=True)]
         main = streams[0]
         while True:

@@ -46,20 +46,22 @@ def cache_key(task: TaskConfig, tiny: TinyModelConfig, sft: SFTConfig, seed: int
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _batch(tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode(tokenizer, prompts: list[str], completions: list[str]) -> list[tuple[list[int], list[int]]]:
+    """Each demonstration's (prompt ids, completion ids + EOS), tokenized once for the whole run: a step then only
+    pads its batch (per-step tokenization was a large share of a small model's SFT step)."""
+    p_ids = tokenizer(prompts)["input_ids"]
+    c_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+    return [(p, c + [tokenizer.eos_token_id]) for p, c in zip(p_ids, c_ids, strict=True)]
+
+
+def _batch(pad_id: int, pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded [prompt; completion; EOS] ids and labels with the prompt and padding masked (-100)."""
-    rows, labels = [], []
-    for p, c in zip(prompts, completions, strict=True):
-        p_ids = tokenizer(p)["input_ids"]
-        c_ids = tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(p_ids + c_ids)
-        labels.append([-100] * len(p_ids) + c_ids)
-    length = max(len(r) for r in rows)
-    ids = torch.full((len(rows), length), tokenizer.pad_token_id)  # [N, L]
-    lab = torch.full((len(rows), length), -100)  # [N, L]
-    for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
-        ids[i, : len(r)] = torch.tensor(r)
-        lab[i, : len(lb)] = torch.tensor(lb)
+    length = max(len(p) + len(c) for p, c in pairs)
+    ids = torch.full((len(pairs), length), pad_id)  # [N, L]
+    lab = torch.full((len(pairs), length), -100)  # [N, L]
+    for i, (p, c) in enumerate(pairs):
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        lab[i, len(p): len(p) + len(c)] = torch.tensor(c)
     return ids, lab
 
 
@@ -78,6 +80,7 @@ def train_sft(model, tokenizer, task, sft: SFTConfig, *, seed: int, evaluation: 
     rng = random.Random(seed)
     prompts = task.train
     demos = task.demonstrations(prompts, seed=seed)
+    pairs = _encode(tokenizer, [p.text for p in prompts], demos)
     opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=0.0)
     history, t0, step = [], time.perf_counter(), 0
     model.train()
@@ -88,7 +91,7 @@ def train_sft(model, tokenizer, task, sft: SFTConfig, *, seed: int, evaluation: 
         for g in opt.param_groups:
             g["lr"] = constant_lr if constant_lr is not None else sft.lr * warm * decay
         idx = [rng.randrange(len(prompts)) for _ in range(sft.batch_size)]
-        ids, labels = _batch(tokenizer, [prompts[i].text for i in idx], [demos[i] for i in idx])
+        ids, labels = _batch(tokenizer.pad_token_id, [pairs[i] for i in idx])
         logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                ignore_index=-100)
