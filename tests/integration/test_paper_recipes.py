@@ -33,7 +33,7 @@ def gsm8k_source(tmp_path: Path) -> Path:
 def test_gsm8k_recipe_has_the_papers_settings():
     cfg = load_config(RECIPES / "gsm8k-rho1b.yaml")
     s, t, b, tb = cfg.search, cfg.trainer, cfg.buffer, cfg.tb
-    assert cfg.model.policy == "realtreetune/rho-1b-sft-GSM8K" and cfg.model.dtype == "bfloat16"
+    assert cfg.model.policy == "realtreetune/rho-1b-sft-GSM8K" and cfg.model.dtype == "float32"  # fp32 masters
     assert (s.temperature, s.generations_per_prompt, s.num_searchers, s.max_new_tokens) == (0.7, 24, 3, 512)
     assert (t.prompts_per_step, t.samples_per_prompt, t.steps, t.lr, t.sync_every_steps) == (7, 20, 1000, 1e-5, 2)
     assert (t.lr_schedule, t.warmup_steps, t.stable_steps, t.decay_steps) == ("wsd", 50, 450, 500)
