@@ -6,6 +6,7 @@ episode's calls stitched into token-exact trajectories (the `agent` task kind: t
                   (`timeout`: Python cannot kill a thread; its session is discarded, its late result ignored)
     Gate          the engine decodes only while the searcher's step runs, and loads weights only there
     AgentStream   a searcher's endpoint and harnesses: rows fed, S episodes each, whole rows handed back
+    AgentEvaluator  the run's held-out evaluation: the trainer's policy served greedily, one episode per test row
 
 Why the gate: the searcher's weights change only in its own step (the runtime's receiver, or — inline — the trainer's
 tensors, which are mid-update while the trainer trains). So the engine thread, the only code that touches the sampler,
@@ -21,6 +22,7 @@ fail, so a harness waiting on the endpoint returns; what is left is daemon threa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import queue
@@ -29,7 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tba.config.schema import SearchConfig
+import torch
+
+from tba.config.schema import EvalConfig, SearchConfig
+from tba.rollout.evaluate import describe
 from tba.rollout.outside import OutsideEpisode, OutsideGroup
 from tba.rollout.stream import WeightSync
 from tba.serve.engine import Batch, EngineLoop, Params, Token
@@ -245,3 +250,77 @@ class AgentStream:
     def close(self) -> None:
         self.gate.shut()
         stop(self.server, self.harnesses)
+
+
+class Fixed:
+    """A serving batch whose every request samples at the evaluation's settings, whatever the harness asked:
+    greedy (temperature 0) for eval.samples_per_prompt = 0, as tba's other evaluations are."""
+
+    def __init__(self, inner: Batch, temperature: float, top_p: float):
+        self.inner, self.temperature, self.top_p = inner, temperature, top_p
+
+    def add(self, rid: str, prompt: list[int], params: Params) -> None:
+        self.inner.add(rid, prompt, dataclasses.replace(params, temperature=self.temperature, top_p=self.top_p))
+
+    def cancel(self, rid: str) -> None:
+        self.inner.cancel(rid)
+
+    def step(self, version: int) -> list[Token]:
+        return self.inner.step(version)
+
+    @property
+    def active(self) -> int:
+        return self.inner.active
+
+    @property
+    def idle(self) -> bool:
+        return self.inner.idle
+
+
+class AgentEvaluator:
+    """The held-out evaluation of an agent task: `policy` (the trainer's, as it is now) behind an endpoint of its
+    own, the agent run on every test row (`eval.samples_per_prompt` times, else once, greedy), `concurrency` at a
+    time. score = the mean reward (an episode that failed or was not scored counts 0); episode/ended_<reason> as
+    fractions; agent/calls_mean; each reward source's mean."""
+
+    def __init__(self, policy, tokenizer, task, cfg: EvalConfig, *, search: SearchConfig, max_model_len: int):
+        self.policy, self.tokenizer, self.task, self.cfg = policy, tokenizer, task, cfg
+        self.concurrency = task.concurrency or search.prompts_per_batch * search.generations_per_prompt
+        self.limits = Limits(max_model_len=max_model_len, max_tokens=cfg.max_new_tokens, timeout_s=task.timeout_s,
+                             max_in_flight=max(256, 4 * self.concurrency))
+
+    @torch.no_grad()
+    def __call__(self) -> dict[str, float]:
+        from tba.rollout.samplers.hf import HFSampler
+
+        prompts = [p for p in self.task.test for _ in range(max(self.cfg.samples_per_prompt, 1))]
+        if not prompts:
+            return {"score": float("nan")}
+        greedy = self.cfg.samples_per_prompt == 0
+        was_training = self.policy.training
+        server = serve_sampler(HFSampler(self.policy, self.tokenizer), self.tokenizer, slots=self.concurrency,
+                               version=lambda: 0, limits=self.limits,
+                               wrap=lambda b: Fixed(b, 0.0 if greedy else self.cfg.temperature,
+                                                    1.0 if greedy else self.cfg.top_p))
+        harnesses = Harnesses(self.task, server, self.tokenizer, self.task.timeout_s)
+        episodes: list[OutsideEpisode] = []
+        try:
+            self.task.reward_metrics()  # what training scored so far is not this evaluation's
+            todo = list(enumerate(prompts))
+            while len(episodes) < len(prompts):
+                while todo and len(harnesses.running) < self.concurrency:
+                    harnesses.start(*todo.pop(0))
+                episodes += [e for _, e in harnesses.poll(0.05)]
+        finally:
+            stop(server, harnesses)
+            self.policy.train(was_training)
+        n = len(episodes)
+        metrics = {"score": sum(e.reward or 0.0 for e in episodes) / n,
+                   "agent/calls_mean": sum(e.calls for e in episodes) / n}
+        metrics.update({f"episode/ended_{r}": sum(e.end == r for e in episodes) / n
+                        for r in sorted({e.end for e in episodes})})
+        metrics.update(self.task.reward_metrics())
+        return metrics
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        return describe(metrics, self.cfg, len(self.task.test))

@@ -202,6 +202,10 @@ class EngineLoop:
                 self._fail(e)
                 continue
             self._deliver(tokens)
+        with self._cond:  # requests queued but never admitted get the error too (else they wait for ever)
+            queued, self._inbox = [r for op, _, r in self._inbox if op == "add"], []
+        for request in queued:
+            request.sink(ShuttingDown("the server is shutting down"))
         self._fail(ShuttingDown("the server is shutting down"), rebuild=False)
 
     def _apply(self, inbox) -> None:
