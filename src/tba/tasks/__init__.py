@@ -44,10 +44,10 @@ TASKS: dict[str, TaskEntry] = {e.name: e for e in (
               "any dataset with a prompt column, scored by reward functions with TRL's signature"),
     TaskEntry("factory", "tba.tasks.factory:FactoryTask", False,
               "TRL's environment_factory: dataset rows played against an environment class, its methods as tools"),
-    TaskEntry("agent", "tba.tasks.agent:AgentTask", False,
-              "episodes run by your own code (task.options.agent=file.py:fn) against the policy's OpenAI endpoint"),
     TaskEntry("openenv", "tba.tasks.openenv:OpenEnvTask", False,
               "an OpenEnv environment server (task.options.url, or app= to serve one locally) as a multi-turn task"),
+    TaskEntry("agent", "tba.tasks.agent:AgentTask", False,
+              "episodes run by your own code (task.options.agent=file.py:fn) against the policy's OpenAI endpoint"),
 )}
 
 __all__ = ["TASKS", "TaskEntry"]
