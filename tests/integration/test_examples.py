@@ -60,3 +60,11 @@ def test_the_quickstart_is_at_most_twenty_lines_of_code():
     code = [line for line in (ROOT / "examples" / "quickstart.py").read_text().split('"""', 2)[2].splitlines()
             if line.strip() and not line.strip().startswith("#")]
     assert len(code) <= 20, len(code)
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_an_agent_on_the_openai_client_trains(tmp_path):
+    summary = run("openai_agent", tmp_path)
+    assert summary["trainer_steps"] == 2 and summary["episodes_ended"]["done"] > 0
+    assert summary["eval_end"]["agent/calls_mean"] >= 1.0

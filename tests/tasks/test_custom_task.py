@@ -31,7 +31,7 @@ def test_bad_task_specs_name_the_key():
         load_custom_task(f"{EXAMPLE}:make_nothing", {})
     with pytest.raises(ConfigError,
                        match="task.name: must be one of arith, reasoning_gym, enumerable, enumerable_turns, "
-                             "guess_number, tool_arith, gsm8k, tldr, redteam, dataset, factory, openenv or "
+                             "guess_number, tool_arith, gsm8k, tldr, redteam, dataset, factory, openenv, agent or "
                              "module:factory"):
         load_config(None, ["task.name=countdown"])
 

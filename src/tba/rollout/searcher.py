@@ -22,6 +22,10 @@ keeps its KV cache across turns, tba.rollout.episode_stream), its reward the env
 the whole sequence and the environment's tokens are masked out. An episode that failed is dropped and counted by
 its end reason. The two kinds differ only in how a batch's responses and rewards are made (`_completions`,
 `_episodes`); the samples are assembled and scored under π_ref alike.
+
+An agent task's episodes come from outside (tba.rollout.outside): the runtime attaches the stream that runs the
+user's agent against an endpoint over this searcher's sampler (`attach`), and a step hands back the rows whose
+episodes have all ended, one group per row.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tba.models.generation import ended_with_eos
 from tba.models.logprobs import shared_prompt_logprobs
 from tba.rollout.episode_stream import EpisodeStream
 from tba.rollout.episodes import END_REASONS, Episode, Limits, policy_logprobs, run_episodes
+from tba.rollout.outside import OutsideGroup, OutsideStream, RowPrompts, outside_groups
 from tba.rollout.samplers.base import Sampler
 from tba.rollout.stream import Stream, WeightSync
 from tba.tasks.base import Prompt, TaskAdapter
@@ -105,7 +110,9 @@ class Searcher:
         self._cursor = 0
         self._prompt_tokens: dict[int, list[int]] = {}
         self.stream = None
-        if cfg.batching == "continuous":
+        self.outside: OutsideStream | None = None
+        self.rows = RowPrompts()
+        if cfg.batching == "continuous" and not self.task.agentic:
             engine = sampler.stream(cfg.slots or cfg.prompts_per_batch * cfg.generations_per_prompt,
                                     temperature=cfg.temperature, top_p=cfg.top_p,
                                     recompute=cfg.in_flight_cache == "recompute")
@@ -116,6 +123,18 @@ class Searcher:
             else:
                 self.stream = Stream(engine, num_samples=cfg.generations_per_prompt,
                                      max_new_tokens=cfg.max_new_tokens, weight_update=cfg.weight_update)
+
+    def attach(self, outside: OutsideStream) -> None:
+        """An agent task's episodes: `outside` runs them against an endpoint over this searcher's sampler (the
+        runtime builds it: tba.serve.agents). Weights then load when its steps say (the stream's, like a continuous
+        batch's)."""
+        self.stream = self.outside = outside
+
+    def close(self) -> None:
+        """End what runs beside the searcher (an agent task's endpoint and harness threads)."""
+        if self.outside is not None:
+            self.outside.close()
+            self.outside = None
 
     def state_dict(self) -> dict:
         oldest = self.stream.oldest() if self.stream is not None else None
@@ -173,6 +192,11 @@ class Searcher:
     def _step(self, sync: WeightSync | None) -> list[Group]:
         t0 = time.perf_counter()
         self.stats.batches += 1
+        if self.task.agentic:
+            groups = self._outside_groups(sync)
+            self.stats.last_step_s = time.perf_counter() - t0
+            self.stats.busy_s += self.stats.last_step_s
+            return groups
         if self.stream is not None:
             prompts, prompt_tokens, batch = self._streamed(sync)
         else:
@@ -222,6 +246,36 @@ class Searcher:
         batch = self._scored(prompts, [(f.tokens, f.logprobs) for f in finished])
         batch.versions = [f.versions for f in finished]
         return prompts, prompt_tokens, batch
+
+    def _outside_groups(self, sync: WeightSync | None) -> list[Group]:
+        """An agent task: the next prompts_per_batch rows whose episodes have all ended, one group per row."""
+        if self.outside is None:
+            raise RuntimeError(f"task {self.task.name}: its episodes come from outside, and no endpoint is attached "
+                               "(the runtime attaches one: tba.serve.agents.AgentStream)")
+        t = time.perf_counter()
+        done: list[OutsideGroup] = self.outside.run(self.cfg.prompts_per_batch, self._feed, lambda: self.version, sync)
+        self.stats.generate_s += time.perf_counter() - t
+        episodes = [e for g in done for e in g.episodes]
+        for e in episodes:
+            self.stats.episode_ends[e.end] += 1
+            if e.reward is None:
+                self.stats.rewards_dropped += 1
+                why = e.error or "nothing scored it (the agent returned None and no reward function a number)"
+                self.stats.last_reward_error = f"prompt {e.prompt.id}: episode ended by {e.end}: {why}"
+        groups, off = outside_groups(done, self.rows, self.reference, temperature=self.scoring_temperature,
+                                     pad_id=self.tokenizer.pad_token_id, source=self.source)
+        samples = [s for g in groups for s in g.samples]
+        self.stats.samples_generated += len(samples)
+        self.stats.tokens_generated += sum(sum(s.policy_mask) for s in samples)
+        n = max(len(episodes), 1)
+        self.stats.reward_metrics = {
+            **self.task.reward_metrics(),
+            "agent/calls_mean": sum(e.calls for e in episodes) / n,
+            "agent/samples_mean": sum(len(e.trajectories) for e in episodes if e.reward is not None) / n,
+            "agent/calls_dropped": float(sum(e.dropped for e in episodes)),
+            "agent/breaks": float(sum(e.breaks for e in episodes)),
+            "agent/off_prompt": float(off)}
+        return groups
 
     def _completions(self, prompts: list[Prompt], prompt_tokens: list[list[int]]) -> _Batch:
         """Single-turn: S completions per prompt from the sampler, scored by the task's reward."""

@@ -29,6 +29,7 @@ from tba.algorithm.state import RunState
 from tba.algorithm.store import BufferStore, StoreError
 from tba.algorithm.trainer import Trainer
 from tba.config import RunConfig
+from tba.errors import ConfigError
 from tba.models import (
     apply_lora,
     load_model,
@@ -62,7 +63,7 @@ from tba.run.sft import warm_start as sft_warm_start
 from tba.run.sharded import RankBuild, build_sharded
 from tba.runtime.searcher_spec import ModelSources
 from tba.runtime.worker import InlineParts
-from tba.tasks.base import Task
+from tba.tasks.base import Task, TaskAdapter
 from tba.tasks.data import DataLoadError
 from tba.tasks.prepare import build_task as build_task_from_spec
 
@@ -355,6 +356,9 @@ def build_run(cfg: RunConfig, out: Path, resume_from: Path | None, checkpoint: d
         inline = InlineParts(task, tokenizer, behaviour, reference) if cfg.runtime == "inline" else None
         runtime = build_runtime(cfg, weights=weights, version=version, inline=inline, sources=sources, limit=limit,
                                 states=checkpoint.get("searchers"))
+        if sharded and TaskAdapter.of(task).agentic:
+            raise ConfigError(f"task.name={cfg.task.name}: an agent task's evaluation serves the trainer's policy "
+                              "in one process; a sharded trainer (trainer.world_size > 1) cannot yet")
         if sharded:
             evaluator = SpreadEvaluator(task, cfg.eval, trainer.evaluate, trainer.world)
         else:

@@ -69,7 +69,15 @@ class CurrentPolicy:
 
 
 def run_evaluator(cfg: RunConfig, task, policy, tokenizer, reference) -> CurrentPolicy:
-    """The evaluation a one-process run repeats (and `tba eval` runs once): `policy` on the task's test prompts."""
+    """The evaluation a one-process run repeats (and `tba eval` runs once): `policy` on the task's test prompts (an
+    agent task's: the agent against an endpoint over `policy`, tba.serve.agents)."""
+    adapted = TaskAdapter.of(task)
+    if adapted.agentic:
+        from tba.serve.agents import AgentEvaluator
+
+        limit = getattr(getattr(policy, "config", None), "max_position_embeddings", None) or 4096
+        return CurrentPolicy(AgentEvaluator(policy, tokenizer, adapted.task, cfg.eval, search=cfg.search,
+                                            max_model_len=int(limit)), cfg.model.autocast)
     return CurrentPolicy(Evaluator(policy, tokenizer, task, cfg.eval, reference=reference, scoring=scoring(cfg),
                                    limits=limits(cfg)), cfg.model.autocast)
 

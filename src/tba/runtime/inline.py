@@ -15,7 +15,14 @@ import time
 from tba.algorithm.runtime import RuntimeReport
 from tba.algorithm.types import Group
 from tba.rollout.searcher import Searcher
-from tba.runtime.worker import RuntimeParts, WorkerStats, build_sampler, restore_searcher, worker_report
+from tba.runtime.worker import (
+    RuntimeParts,
+    WorkerStats,
+    attach_outside,
+    build_sampler,
+    restore_searcher,
+    worker_report,
+)
 
 
 class Published:
@@ -81,6 +88,7 @@ class InlineRuntime:
 
     def stop(self) -> None:
         for s in self.all:
+            s.close()
             s.sampler.close()
 
 
@@ -123,6 +131,7 @@ def build_inline(parts: RuntimeParts) -> InlineRuntime:
                             scoring_temperature=spec.scoring_temperature, autocast=spec.autocast)
         searcher.version = parts.version if spec.synced else 0
         restore_searcher(searcher, parts.states[spec.rank] if parts.states else None)
+        attach_outside(searcher)
         searchers.append(searcher)
     return InlineRuntime(searchers, [spec.synced for spec in parts.searchers])
 

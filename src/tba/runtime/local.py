@@ -102,7 +102,7 @@ def _searcher_main(a: WorkerArgs):
     forkserver.settle(a.env)
     rank, out_q, stop, request = a.spec.rank, a.out_q, a.stop, a.request
     tag = (rank, a.incarnation)
-    receiver = None
+    receiver = searcher = None
     try:
         searcher = build_searcher(a.spec, a.state)
         receiver = a.weights.open(rank, searcher.reference.device, "127.0.0.1")
@@ -136,6 +136,8 @@ def _searcher_main(a: WorkerArgs):
     except BaseException:
         out_q.put(("error", tag, traceback.format_exc()))
     finally:
+        if searcher is not None:
+            searcher.close()  # an agent task's endpoint and harness threads
         if receiver is not None:
             receiver.close()
 

@@ -83,7 +83,20 @@ def build_searcher(spec: SearcherSpec, state: dict | None = None) -> Searcher:
                         num_shards=spec.num_shards, source=spec.source, scoring_temperature=spec.scoring_temperature,
                         autocast=spec.autocast)
     restore_searcher(searcher, state)
+    attach_outside(searcher)
     return searcher
+
+
+def attach_outside(searcher: Searcher) -> None:
+    """An agent task's searcher gets its episodes from outside: an endpoint over its own sampler, on loopback, and
+    the task's agent run against it (tba.serve.agents); `searcher.close()` ends both."""
+    if not searcher.task.agentic:
+        return
+    from tba.serve.agents import AgentStream
+
+    limit = getattr(getattr(searcher.reference, "config", None), "max_position_embeddings", None) or 4096
+    searcher.attach(AgentStream(searcher.sampler, searcher.task.task, searcher.tokenizer, searcher.cfg,
+                                version=lambda: searcher.version, max_model_len=int(limit)))
 
 
 def build_sampler(spec: SamplerSpec, *, source: str, tokenizer, device, seed: int, policy=None) -> Sampler:

@@ -11,6 +11,8 @@ behaviour log-probs and the policy version of every token, ready to become train
     protocol.py     request bodies, limits, the error shape (400 naming the field)
     chat.py         chat template rendering, incremental text, Hermes/Qwen tool calls
     sessions.py     the calls of one episode, token-exact, for stitching by prefix extension
+    stitch.py       a session's calls → trajectories by prefix extension (policy mask, log-probs, versions)
+    agents.py       task.name=agent: the user's openai-client function run N at a time against a searcher's endpoint
     app.py          the FastAPI routes, bearer-token auth, timeouts
     server.py       uvicorn on a socket bound first (port 0 → a free one), in this thread or a background one
 

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from tba.serve import chat
-from tba.serve.engine import EngineLoop, Params, Token
+from tba.serve.engine import EngineLoop, Params, ShuttingDown, Token
 from tba.serve.protocol import APIError, ChatIn, GenerateIn, Limits, check_ids, params, parse
 from tba.serve.sessions import Call, Sample, Sessions, as_json
 
@@ -289,6 +289,10 @@ def create_app(endpoint: Endpoint) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(request: Request, e: ShuttingDown):
+        return JSONResponse(APIError(503, str(e), type="server_error").body(), status_code=503)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):

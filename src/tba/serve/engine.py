@@ -27,6 +27,10 @@ from typing import Protocol
 logger = logging.getLogger(__name__)
 
 
+class ShuttingDown(RuntimeError):
+    """The engine is stopping: a request still queued or in flight gets this (the endpoint answers 503)."""
+
+
 @dataclass(frozen=True)
 class Params:
     """How one request samples (validated by tba.serve.protocol before it gets here)."""
@@ -138,7 +142,7 @@ class EngineLoop:
         rid = uuid.uuid4().hex
         with self._cond:
             if self._stopping:
-                raise RuntimeError("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
             self._inbox.append(("add", rid, _Request(list(prompt), params, sink)))
             self._cond.notify()
         return rid
@@ -198,7 +202,11 @@ class EngineLoop:
                 self._fail(e)
                 continue
             self._deliver(tokens)
-        self._fail(RuntimeError("the server is shutting down"), rebuild=False)
+        with self._cond:  # requests queued but never admitted get the error too (else they wait for ever)
+            queued, self._inbox = [r for op, _, r in self._inbox if op == "add"], []
+        for request in queued:
+            request.sink(ShuttingDown("the server is shutting down"))
+        self._fail(ShuttingDown("the server is shutting down"), rebuild=False)
 
     def _apply(self, inbox) -> None:
         for op, rid, request in inbox:
@@ -232,7 +240,7 @@ class EngineLoop:
             request.sink(mine)
 
     def _fail(self, error: Exception, rebuild: bool = True) -> None:
-        if self._live:
+        if self._live and rebuild:
             self.stats.errors += 1
             logger.error(f"tba serve: a decode step failed ({type(error).__name__}: {error}); "
                          f"{len(self._live)} request(s) in flight get the error, the batch is rebuilt")

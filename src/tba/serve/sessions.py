@@ -4,8 +4,9 @@ Why: a harness that speaks only chat completions makes several calls per episode
 chat template's rendering of the whole conversation so far. Training needs one trajectory per episode, which is
 rebuilt by prefix extension — a call extends the previous one when its prompt ids start with the previous prompt
 ids plus the previous response ids (ART's and OpenEnv's capture proxy's rule). Only the server knows the exact ids
-it rendered and sampled, so it records them per session; an episode source that stitches them (not built yet)
-would read `Sessions.pop(session)` when the episode ends, and `GET /tba/v1/sessions/{id}` shows the same to a person.
+it rendered and sampled, so it records them per session; the agent task's episodes (tba.serve.agents) read
+`Sessions.pop(session)` when an episode ends and stitch them (tba.serve.stitch), and `GET /tba/v1/sessions/{id}`
+shows the same to a person.
 
 A call names its session with the `X-TBA-Session` header, or by the API key's suffix (`<token>.<session>`), so a
 harness that can only set an API key still separates its episodes. Calls without a session are not recorded.

@@ -46,6 +46,8 @@ TASKS: dict[str, TaskEntry] = {e.name: e for e in (
               "TRL's environment_factory: dataset rows played against an environment class, its methods as tools"),
     TaskEntry("openenv", "tba.tasks.openenv:OpenEnvTask", False,
               "an OpenEnv environment server (task.options.url, or app= to serve one locally) as a multi-turn task"),
+    TaskEntry("agent", "tba.tasks.agent:AgentTask", False,
+              "episodes run by your own code (task.options.agent=file.py:fn) against the policy's OpenAI endpoint"),
 )}
 
 __all__ = ["TASKS", "TaskEntry"]

@@ -3,7 +3,8 @@
 A task is data plus a verifier. The searcher needs train prompts and a reward; the evaluator needs test prompts
 and the reward again (greedy pass@1 is the mean reward of greedy completions); the SFT warm start needs
 `demonstrations`. Nothing else in the package knows what the task is about, so a new task is one file that
-returns a `Task` (single-turn: `reward`) or an `EpisodicTask` (multi-turn: `environment`), named in the config as
+returns a `Task` (single-turn: `reward`), an `EpisodicTask` (multi-turn: `environment`) or an `AgentTask` (episodes
+the user's own code runs against an endpoint: `run_agent`), named in the config as
 `task.name: path/to/file.py:factory` or `package.module:factory` (docs/tasks.md, docs/environments.md).
 
 Every optional hook is listed in `OPTIONAL_HOOKS`, with what it is for. `TaskAdapter` is the task as the rest of
@@ -78,6 +79,28 @@ class EpisodicTask(Protocol):
         """A fresh environment for one episode of `prompt`."""
 
 
+class AgentTask(Protocol):
+    """Episodes from outside: the user's code drives the policy through an endpoint in front of the searcher's
+    sampler, and the ids it served become the samples (tba.tasks.agent, tba.rollout.outside, tba.serve.agents)."""
+
+    name: str
+    train: list[Prompt]
+    test: list[Prompt]
+    concurrency: int | None
+    """Episodes running at once per searcher (None: one search batch's worth)."""
+    timeout_s: float
+    """An episode running longer is abandoned (`timeout`)."""
+    on_break: str
+    """A call that does not extend its session's ids: "new_sample" or "drop"."""
+
+    def run_agent(self, prompt: Prompt, *, base_url: str, api_key: str, model: str) -> object:
+        """Run one episode of `prompt`; returns what the user's function returned."""
+
+    def score(self, prompt: Prompt, value, completion: str) -> tuple[float | None, dict[str, float]]:
+        """The episode's reward from the function's `value` and its last response `completion` (None: unscored),
+        and each reward source's value."""
+
+
 OPTIONAL_HOOKS = {
     "rewards": "rewards(prompts, completions, finished[, completion_ids]) -> list[float | None]: the whole batch "
                "at once (a reward model's one forward pass); used instead of `reward`",
@@ -129,6 +152,7 @@ class TaskAdapter:
         self.task = task
         self.name = getattr(task, "name", type(task).__name__)
         self.episodic = callable(getattr(task, "environment", None))
+        self.agentic = callable(getattr(task, "run_agent", None))
         self.hooks: dict[str, Callable] = {h: fn for h in OPTIONAL_HOOKS if callable(fn := getattr(task, h, None))}
         self._reward = getattr(task, "reward", None)
         self._rewards_take_ids = ("rewards" in self.hooks
@@ -140,9 +164,9 @@ class TaskAdapter:
 
     def missing(self) -> list[str]:
         """What the task lacks of its kind's required surface."""
-        scored = self.episodic or self._reward is not None or "rewards" in self.hooks
+        scored = self.episodic or self.agentic or self._reward is not None or "rewards" in self.hooks
         return [a for a in ("name", "train", "test") if not hasattr(self.task, a)] + (
-            [] if scored else ["reward (or environment)"])
+            [] if scored else ["reward (or environment, or run_agent)"])
 
     @property
     def train(self) -> list[Prompt]:
