@@ -26,6 +26,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -269,7 +270,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        row = child(args)
+        tmp = Path(tempfile.mkdtemp(prefix="tba-sharded-"))
+        os.environ["TMPDIR"] = str(tmp)  # the child's model and checkpoint (GBs each) leave with it
+        tempfile.tempdir = None
+        try:
+            row = child(args)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         args.json.write_text(json.dumps(row))
         return 0
     argv = sys.argv[1:] if argv is None else argv

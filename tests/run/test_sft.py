@@ -40,3 +40,20 @@ def test_a_multi_turn_task_is_refused_pointing_to_data_instead():
 
     with pytest.raises(ConfigError, match="task turns is multi-turn; give its demonstrations to TB instead"):
         train_sft(None, None, Turns(), SFTConfig(), seed=0, evaluation=EvalConfig())
+
+
+def test_the_embedded_default_finds_its_shipped_warm_start_without_training(tmp_path, monkeypatch):
+    """The default recipe's warm start ships with the package under the cache's own key: a first run starts RL at
+    once. A change to anything the key covers (the recipe's task, model or SFT settings) makes this fail: regenerate
+    it (`TBA_CACHE=DIR tba sft`, then copy DIR/sft-arith-KEY to src/tba/recipes/warm_starts/)."""
+    from tba.config import load_config
+    from tba.run import sft
+    from tba.run.build import build_task, warm_start
+
+    monkeypatch.setattr(sft, "train_sft", lambda *a, **k: pytest.fail("trained instead of using the shipped one"))
+    cfg = load_config(None, [f"sft.cache_dir={tmp_path}"])
+    path = warm_start(cfg, build_task(cfg))
+    assert path.parent == sft.SHIPPED and not any(tmp_path.iterdir())
+    assert (path / "model.safetensors").stat().st_size < 8 * 2**20  # a few MB in the package
+    other = load_config(None, [f"sft.cache_dir={tmp_path}", "seed=1"])
+    assert sft.cache_key(other.task, other.model.tiny, other.sft, other.seed) not in path.name  # another seed trains

@@ -76,7 +76,10 @@ def _own(unit: torch.nn.Module, prefix: str, wanted: set[str]) -> Iterator[tuple
 
 
 def _bytes(unit: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in unit.parameters(recurse=False))
+    """What unsharding `unit` gathers: its parameters less those of the units inside it (a decoder layer's live in
+    its submodules, so `recurse=False` would count nothing and put every unit into one bucket)."""
+    inner = {id(p) for m in unit.modules() if m is not unit and isinstance(m, FSDPModule) for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in unit.parameters() if id(p) not in inner)
 
 
 def forward_buckets(model: torch.nn.Module, wanted: set[str], *, bucket_mb: float) -> Iterator[Bucket]:
@@ -181,34 +184,35 @@ def readable(model: torch.nn.Module, files: dict | None, buffers: dict[str, torc
 
 
 def load_own_shards(model: torch.nn.Module, files: dict, buffers: dict[str, torch.Tensor]) -> None:
-    """Each rank fills its own shards from the safetensors `files`, one tensor at a time: the whole tensor read from
-    its file, this rank's chunk of it along dim 0 (as FSDP2 shards) copied in, the rest freed before the next. No
-    process holds the whole model and nothing is sent (rank-local). Persistent buffers come from the files, the
-    others from `buffers` (kept_buffers). Tied parameters are filled once, from whichever name the files hold."""
+    """Each rank fills its own shards from the safetensors `files`, one tensor at a time, reading only its own rows:
+    its chunk along dim 0 as FSDP2 shards (torch.chunk's split), sliced out of the file (safetensors' get_slice), so
+    no process reads or holds the whole model and nothing is sent (rank-local). Each file is opened per tensor: its
+    mapped pages leave with it. Persistent buffers come from the files, the others from `buffers` (kept_buffers).
+    Tied parameters are filled once, from whichever name the files hold."""
     from safetensors import safe_open
 
-    with contextlib.ExitStack() as stack, torch.no_grad():
-        opened = {}
+    def read(name: str, p: torch.Tensor | None = None) -> torch.Tensor:
+        with safe_open(str(files[name]), framework="pt") as f:
+            if not isinstance(p, DTensor):
+                return f.get_tensor(name)
+            whole = f.get_slice(name)
+            rows = whole.get_shape()[0]
+            size = -(-rows // p.device_mesh.size())  # torch.chunk's chunk size
+            first = min(p.device_mesh.get_local_rank() * size, rows)
+            return whole[first:min(first + size, rows)]
 
-        def read(name: str) -> torch.Tensor:
-            if files[name] not in opened:
-                opened[files[name]] = stack.enter_context(safe_open(str(files[name]), framework="pt"))
-            return opened[files[name]].get_tensor(name)
-
-        done = set()
+    done = set()
+    with torch.no_grad():
         for key, p in model.named_parameters(remove_duplicate=False):
             if id(p) in done or clean(key) not in files:
                 continue
-            full, done = read(clean(key)), done | {id(p)}
-            local = p.to_local() if isinstance(p, DTensor) else p
-            if isinstance(p, DTensor):
-                rank, chunks = p.device_mesh.get_local_rank(), torch.chunk(full, p.device_mesh.size(), dim=0)
-                full = chunks[rank] if rank < len(chunks) else full[:0]
-            if full.shape != local.shape:
+            done.add(id(p))
+            mine, local = read(clean(key), p), p.to_local() if isinstance(p, DTensor) else p
+            if mine.shape != local.shape:
                 raise ValueError(f"{clean(key)}: this rank's shard is {tuple(local.shape)}, the file's chunk "
-                                 f"{tuple(full.shape)}")
-            local.copy_(full)
-            del full
+                                 f"{tuple(mine.shape)}")
+            local.copy_(mine)
+            del mine
         persistent = {clean(k) for k in model.state_dict()}
         for key, b in model.named_buffers():
             name = clean(key)

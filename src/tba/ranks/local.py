@@ -1,7 +1,7 @@
 """A sharded trainer's ranks as processes of this machine (runtime=local and offline): torch.multiprocessing spawn,
 one command queue per rank, one queue of answers for all, the rendezvous on loopback. A stream's buckets (a
-publication, the masters) cross a pipe of their own as safetensors bytes, each send returning once the controller
-has read it: rank 0 holds one bucket beyond its shard. Through the answers queue they would not: a queue's put
+publication, the masters) cross a pipe of their own, each tensor's bytes read by the controller straight into a
+tensor of its own, each send returning once the controller has read it: rank 0 holds one bucket beyond its shard. Through the answers queue they would not: a queue's put
 returns at once (rank 0 would gather every bucket ahead of the controller), its feeder thread pickles another copy,
 and torch moves a queued tensor into shared memory that stays mapped while the controller keeps it.
 
@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
-from safetensors.torch import load, save
 
 from tba.ranks import fsdp
 from tba.ranks.controller import TrainerRankError
@@ -127,13 +126,21 @@ def _rank_main(a: RankArgs) -> None:
 
 
 def _send_stream(a: RankArgs, items: Iterator[dict], command: str) -> None:
-    """Rank 0's stream: each bucket announced on the answers queue, then its bytes through the pipe. A function of
-    its own so that no bucket outlives its send (a loop variable would keep the last one until the next command)."""
+    """Rank 0's stream: each bucket's names, dtypes and shapes on the answers queue, then each tensor's bytes through
+    the pipe, straight from the tensor (no serialized copy). A function of its own so that no bucket outlives its
+    send (a loop variable would keep the last one until the next command)."""
     for item in items:
-        a.answers.put(("item", a.rank, command, None))
-        a.items.send_bytes(save(item))  # returns once the controller has read it all
+        a.answers.put(("item", a.rank, command, [(k, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+                                                  for k, t in item.items()]))
+        for t in item.values():
+            a.items.send_bytes(_raw(t))  # returns once the controller has read all but the pipe's buffer
         del item
     fsdp.release_freed()
+
+
+def _raw(t: torch.Tensor):
+    """A host tensor's bytes as a writable buffer over its own memory (numpy has no bfloat16: viewed as bytes)."""
+    return t.contiguous().view(-1).view(torch.uint8).numpy()
 
 
 class LocalRanks:
@@ -185,7 +192,10 @@ class LocalRanks:
             kind, rank, _, detail = self._get(command, timeout_s)
             if kind == "item":
                 try:
-                    bucket = load(self.items.recv_bytes())
+                    bucket = {}
+                    for name, dtype, shape in detail:
+                        bucket[name] = torch.empty(shape, dtype=getattr(torch, dtype))
+                        self.items.recv_bytes_into(_raw(bucket[name]))
                 except EOFError:  # rank 0 raised or died while sending it: its traceback or exit code follows
                     self._get(command, self.timeout_s)
                     raise self._error(command, "rank 0 closed its stream mid-bucket") from None

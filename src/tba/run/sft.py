@@ -128,15 +128,23 @@ def plateau_warning(history: list[dict], window: int = 4, rise: float = 0.02) ->
             "learn. Raise sft.steps.")
 
 
+SHIPPED = Path(__file__).resolve().parent.parent / "recipes" / "warm_starts"
+"""Warm starts shipped with the package (the embedded default's, a few MB): a first run starts RL at once on any
+CPU instead of spending most of its minutes on SFT. Found by the same key as the cache, so any other setting
+(another seed, sft.steps, task size) trains and caches its own."""
+
+
 def warm_start(task, sft: SFTConfig, tiny: TinyModelConfig, *, seed: int, key: str, evaluation: EvalConfig) -> Path:
-    """Return a directory holding the SFT'd built-in model and tokenizer, training it on a cache miss.
-    `key`: `cache_key` of the settings that made it."""
-    path = cache_root(sft) / f"sft-{task.name}-{key}"
-    if (path / "config.json").is_file() and (path / "sft.json").is_file():
-        logger.info(f"SFT warm start: using cached checkpoint {path}")
-        if warning := plateau_warning(json.loads((path / "sft.json").read_text()).get("history", [])):
-            logger.warning(warning)
-        return path
+    """Return a directory holding the SFT'd built-in model and tokenizer: shipped, cached, or trained now (then
+    cached). `key`: `cache_key` of the settings that made it."""
+    name = f"sft-{task.name}-{key}"
+    for path, where in ((SHIPPED / name, "shipped with tba"), (cache_root(sft) / name, "cached")):
+        if (path / "config.json").is_file() and (path / "sft.json").is_file():
+            logger.info(f"SFT warm start: using the {where} checkpoint {path}")
+            if warning := plateau_warning(json.loads((path / "sft.json").read_text()).get("history", [])):
+                logger.warning(warning)
+            return path
+    path = cache_root(sft) / name
     logger.info(f"SFT warm start: no cached checkpoint, training one ({sft.steps} steps) → {path}")
     tokenizer = train_tokenizer(task.corpus(), tiny.vocab_size)
     model = build_tiny_model(tokenizer, tiny, seed=seed)
