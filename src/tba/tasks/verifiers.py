@@ -215,12 +215,12 @@ def mismatch(branches, calls: list[dict]) -> str | None:
 
 
 class Environments:
-    """verifiers environments held open (`Env.serving()`) on one event loop thread while episodes run on them.
+    """verifiers environments held open (`Env.serving()`) on the process's verifiers loop while episodes run on them.
 
-    Why a loop of its own: verifiers is asyncio and holds its interception server (which the harness subprocess
+    Why a loop of its own (_Loop): verifiers is asyncio and holds its interception server (which the harness subprocess
     calls, and which calls tba's endpoint through the training client) for the life of `serving()`; the agent
     machinery runs each episode in a thread of its own (tba.serve.agents.Harnesses). So episodes are submitted to
-    this loop and waited for; the loop and the serving end when the last episode in flight ends, so nothing of
+    that loop and waited for; an environment's serving ends when the last episode in flight on it ends, so nothing of
     verifiers outlives the episodes. verifiers keeps a client per distinct client config (here: per episode, as
     each names its session) until its serving ends, so an environment takes `per_env` episodes at most: later ones
     go to a fresh one, loaded from the same config, and the old one closes once its episodes are done."""
@@ -256,54 +256,78 @@ class Environments:
             serving.leave()
 
 
-class _Serving:
-    """One environment's `serving()` on a loop thread, open while `users` episodes run on it."""
+class _Loop:
+    """The process's one event loop for verifiers, on a daemon thread started when first needed.
 
-    def __init__(self, env):
-        self.env, self.started, self.users = env, 0, 0
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stop: asyncio.Event | None = None
+    One for the process, not one per environment: verifiers' renderer pool is process-wide and binds its locks to
+    the loop that last used it, so two loops running episodes at once (the searcher's and the evaluation's, or an
+    environment closing while its successor starts) break each other's renders. Idle, it holds nothing."""
 
-    def enter(self) -> None:
-        with self._lock:
-            self.started, self.users = self.started + 1, self.users + 1
-            if self._thread is None:
-                ready, failed = threading.Event(), []
-                self._thread = threading.Thread(target=self._main, args=(ready, failed), daemon=True,
-                                                name="tba-verifiers")
-                self._thread.start()
-                ready.wait()
-                if failed:
-                    self._thread, self.users = None, self.users - 1
-                    raise failed[0]
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
 
-    def _main(self, ready: threading.Event, failed: list) -> None:
-        async def serve():
-            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-            try:
-                async with self.env.serving():
-                    ready.set()
-                    await self._stop.wait()
-            except Exception as e:  # noqa: BLE001 — handed to the episode that started it
-                failed.append(e)
-                ready.set()
+    @classmethod
+    def get(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None:
+                cls._loop = asyncio.new_event_loop()
+                threading.Thread(target=cls._loop.run_forever, daemon=True, name="tba-verifiers").start()
+            return cls._loop
 
-        asyncio.run(serve())
-
-    def run(self, coroutine, timeout_s: float):
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+    @classmethod
+    def run(cls, coroutine, timeout_s: float | None = None):
+        future = asyncio.run_coroutine_threadsafe(coroutine, cls.get())
         try:
             return future.result(timeout_s)
         except TimeoutError:
             future.cancel()  # the harness subprocess ends with its episode
             raise
 
+
+class _Serving:
+    """One environment's `serving()`, held open on the loop while `users` episodes run on it."""
+
+    def __init__(self, env):
+        self.env, self.started, self.users = env, 0, 0
+        self._lock = threading.Lock()
+        self._held = None  # (the task holding serving() open, the event that ends it)
+
+    def enter(self) -> None:
+        with self._lock:
+            self.started, self.users = self.started + 1, self.users + 1
+            if self._held is None:
+                try:
+                    self._held = _Loop.run(self._open())
+                except BaseException:
+                    self.users -= 1
+                    raise
+
+    async def _open(self):
+        opened, stop = asyncio.Event(), asyncio.Event()
+
+        async def hold():
+            async with self.env.serving():
+                opened.set()
+                await stop.wait()
+
+        task = asyncio.create_task(hold())
+        await asyncio.wait([task, asyncio.create_task(opened.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()  # serving() failed: raise it here
+        return task, stop
+
+    def run(self, coroutine, timeout_s: float):
+        return _Loop.run(coroutine, timeout_s)
+
     def leave(self) -> None:
         with self._lock:
             self.users -= 1
-            if self.users == 0 and self._thread is not None:
-                self._loop.call_soon_threadsafe(self._stop.set)
-                self._thread.join(60)
-                self._thread = None
+            if self.users == 0 and self._held is not None:
+                task, stop = self._held
+                self._held = None
+
+                async def close():
+                    stop.set()
+                    await task
+
+                _Loop.run(close(), 60)
