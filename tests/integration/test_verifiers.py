@@ -97,5 +97,5 @@ def test_the_buffer_holds_what_the_endpoint_served(tmp_path, model_dir, tasksets
                 checked += 1
     assert checked >= 4
     if calls == 2:  # a one-branch episode's sample: two policy spans, the scripted user's turn between them
-        assert all(sum(1 for a, b in zip([0, *x.policy_mask], x.policy_mask) if b and not a) == 2
+        assert all(sum(1 for a, b in zip([0, *x.policy_mask], x.policy_mask, strict=False) if b and not a) == 2
                    for g in groups for x in g.samples if tuple(g.prompt_tokens + x.response) in single)
