@@ -1,6 +1,6 @@
 """The verifiers task (tba.tasks.verifiers): its name's env id reaches the task, verifiers' branches are checked
 against the calls the endpoint served (ids, mask, log-probs, every call in a branch), options are checked, and the
-reward is the trace's. The episodes themselves run in tests/integration/test_verifiers.py."""
+reward is the trace's. The episodes themselves run in tests/integration/test_verifiers_train.py."""
 
 from types import SimpleNamespace
 
