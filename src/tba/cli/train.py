@@ -109,6 +109,7 @@ def config_arguments(parser: argparse.ArgumentParser) -> None:
                      + "".join(f"  {o.name:<11} {o.summary}\n" for o in OBJECTIVES.values())
                      + "tasks (task.name=...; or module:factory for your own, docs/tasks.md):\n"
                      + "".join(f"  {t.name:<16} {t.summary}\n" for t in TASKS.values())
+                     + f"  {'verifiers:ENV':<16} a verifiers v1 environment, run by verifiers' training client\n"
                      + "recipes: src/tba/recipes/*.yaml; every config key, documented: src/tba/config/schema.py")
     parser.add_argument("args", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
                         help="a recipe (a file or a shipped recipe's name; none: the embedded default), then overrides")

@@ -44,8 +44,8 @@ from tba.tasks import TASKS
 class TaskConfig:
     name: str = setting("arith", one_of(TASKS, plugin="module:factory (a custom task)"))
     """A registered task (tba.tasks.TASKS: arith, reasoning_gym, enumerable, enumerable_turns, guess_number,
-    tool_arith, gsm8k, tldr, redteam, dataset), or your own: `package.module:factory` or `path/to/file.py:factory`
-    (docs/tasks.md; multi-turn: docs/environments.md)."""
+    tool_arith, gsm8k, tldr, redteam, dataset), `verifiers:<env id>` (a verifiers v1 environment), or your own:
+    `package.module:factory` or `path/to/file.py:factory` (docs/tasks.md; multi-turn: docs/environments.md)."""
     options: dict | None = None
     """The task's own settings: keyword arguments of its factory, checked against its signature (arith: digits,
     teacher_slip_prob, prompt_template, seed; gsm8k: source, prompt_template; reasoning_gym: dataset, options,

@@ -15,6 +15,7 @@ from tba.algorithm.seeding import searcher_seed
 from tba.algorithm.state import RunState
 from tba.config import RunConfig
 from tba.config.schema import SearchConfig
+from tba.errors import ConfigError
 from tba.models import apply_lora, load_model, synced_tensors
 from tba.models.sources import resolve_source
 from tba.plugins import load_object
@@ -25,15 +26,17 @@ from tba.run.plan import vllm_shares
 from tba.runtime import RUNTIMES
 from tba.runtime.searcher_spec import ModelSources, SearcherSpec
 from tba.runtime.worker import InlineParts, RuntimeParts
-from tba.tasks import TASKS
+from tba.tasks import task_target
 from tba.tasks.prepare import TaskSpec
 
 
 def task_spec(cfg: RunConfig) -> TaskSpec:
     """The task's resolved factory (a registered name, or the custom target itself) and its settings."""
     t = cfg.task
-    target = TASKS[t.name].target if t.name in TASKS else t.name
-    return TaskSpec(target, dict(t.options or {}), t.train_size, t.test_size, t.chat_template)
+    target, named = task_target(t.name)
+    if clash := sorted(set(named) & set(t.options or {})):
+        raise ConfigError(f"task.options.{clash[0]}: task.name={t.name} sets it already")
+    return TaskSpec(target, {**(t.options or {}), **named}, t.train_size, t.test_size, t.chat_template)
 
 
 def sampler_spec(cfg: RunConfig, search: SearchConfig | None = None, *, trained_policy: bool = True, rank: int = 0,

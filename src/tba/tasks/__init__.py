@@ -4,7 +4,9 @@ Config validation (which names exist, which can train the builtin tiny model), t
 read `TASKS`. A target is a name, not an import, so validating a config imports no torch or datasets. A task
 is built one way, registered or not: its target is called with `task.options` as keyword arguments (checked
 against its signature) plus `train_size`/`test_size` where it declares them (tba.tasks.prepare.build_task).
-A name with a colon (`module:factory`, `file.py:factory`) is a custom task (docs/tasks.md), built the same way.
+A name with a colon (`module:factory`, `file.py:factory`) is a custom task (docs/tasks.md), built the same way,
+except where the part before the colon is a prefix of `PREFIXED` (`verifiers:<env id>`): the rest is then an option
+of that prefix's task.
 """
 
 from __future__ import annotations
@@ -50,4 +52,22 @@ TASKS: dict[str, TaskEntry] = {e.name: e for e in (
               "episodes run by your own code (task.options.agent=file.py:fn) against the policy's OpenAI endpoint"),
 )}
 
-__all__ = ["TASKS", "TaskEntry"]
+PREFIXED: dict[str, tuple[str, str]] = {
+    "verifiers": ("tba.tasks.verifiers:VerifiersTask", "env_id"),
+}
+"""`prefix:<value>` task names → (the task's target, the option the value is): `verifiers:<env id>` is a verifiers
+v1 environment run by verifiers itself against the policy's endpoint (the `verifiers` extra)."""
+
+
+def task_target(name: str) -> tuple[str, dict]:
+    """The factory `name` builds its task with, and the options its name carries."""
+    if name in TASKS:
+        return TASKS[name].target, {}
+    prefix, _, value = name.partition(":")
+    if prefix in PREFIXED:
+        target, option = PREFIXED[prefix]
+        return target, {option: value}
+    return name, {}
+
+
+__all__ = ["PREFIXED", "TASKS", "TaskEntry", "task_target"]
