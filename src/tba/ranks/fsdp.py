@@ -236,16 +236,33 @@ def broadcast_buffers(model: torch.nn.Module, whole: torch.nn.Module | None) -> 
         dist.broadcast(buffer, src=0)
 
 
-def release_freed() -> None:
-    """Hand the C heap's free memory back to the OS (glibc's malloc_trim; nothing elsewhere). A stream's buckets
-    are host copies made and freed one after another, partly in the queue's feeder thread: glibc keeps what they
-    freed in its arenas, so without this the rank that sent them keeps a model's worth of RSS it no longer uses."""
+def _libc():
     import ctypes
     import ctypes.util
 
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def bounded_heap(threshold: int = 1 << 20) -> None:
+    """Host allocations of `threshold` bytes or more mapped and unmapped on their own (glibc's mallopt
+    M_MMAP_THRESHOLD, fixed; nothing elsewhere). A rank's gathered units, gradients and host copies come and go
+    every update; from glibc's heap, what they free stays in the process, and its RSS grew over an update by about
+    the model's size beyond what the rank holds (bench/results/sharded). GPU memory is torch's own allocator's."""
+    try:
+        _libc().mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+    except AttributeError:  # not glibc (macOS, musl)
+        pass
+
+
+def release_freed() -> None:
+    """Hand the C heap's free memory back to the OS (glibc's malloc_trim; nothing elsewhere): what a command freed
+    below bounded_heap's threshold."""
+    try:
+        _libc().malloc_trim(0)
+    except AttributeError:  # not glibc
         pass
 
 

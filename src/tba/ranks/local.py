@@ -1,9 +1,10 @@
 """A sharded trainer's ranks as processes of this machine (runtime=local and offline): torch.multiprocessing spawn,
 one command queue per rank, one queue of answers for all, the rendezvous on loopback. A stream's buckets (a
 publication, the masters) cross a pipe of their own, each tensor's bytes read by the controller straight into a
-tensor of its own, each send returning once the controller has read it: rank 0 holds one bucket beyond its shard. Through the answers queue they would not: a queue's put
-returns at once (rank 0 would gather every bucket ahead of the controller), its feeder thread pickles another copy,
-and torch moves a queued tensor into shared memory that stays mapped while the controller keeps it.
+tensor of its own, each send returning once the controller has read it: rank 0 holds one bucket beyond its shard.
+Through the answers queue they would not: a queue's put returns at once (rank 0 would gather every bucket ahead of
+the controller), its feeder thread pickles another copy, and torch moves a queued tensor into shared memory that
+stays mapped while the controller keeps it.
 
 Each rank process watches the controller (tba.runtime.lifetime.Lifeline: it ends within a fraction of a second of
 the controller's exit, even blocked in a collective) and ignores Ctrl-C (the controller's to handle). A second
@@ -101,6 +102,7 @@ def _watch_abort(flag) -> None:
 
 def _rank_main(a: RankArgs) -> None:
     Lifeline(a.controller_pid).watch()  # first: this process ends with the controller, even blocked in a collective
+    fsdp.bounded_heap()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_abort(a.abort)
     try:

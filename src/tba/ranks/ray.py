@@ -62,6 +62,7 @@ class _RankActor:
 
     def start(self, address: str, device: str) -> None:
         device = torch.device(device)
+        fsdp.bounded_heap()
         fsdp.join(self.rank, self.world, address, self.parts.fsdp.collective_timeout_s, device)
         self.trainer = build(self.parts, self.rank, self.world, device)
 
