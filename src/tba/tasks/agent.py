@@ -28,7 +28,7 @@ import threading
 
 from tba.errors import ConfigError
 from tba.plugins import load_object
-from tba.tasks.dataset import DatasetTask, _call, _checked, _rows, named_and_weighted, reward_functions
+from tba.tasks.dataset import DatasetTask, _call, _checked, named_and_weighted, reward_functions, train_and_test_rows
 from tba.tasks.factory import _means
 
 ON_BREAK = ("new_sample", "drop")
@@ -64,12 +64,7 @@ class AgentTask:
         self.timeout_s, self.on_break = float(timeout_s), on_break
         self.functions = reward_functions(reward) if reward is not None else []
         self.reward_names, self.weights = named_and_weighted(self.functions, reward_weights)
-        rows = _rows(source, split, "source")
-        if test_source is not None:
-            test_rows, held_from = _rows(test_source, test_split, "test_source"), ("test_source", 0)
-        else:
-            held = min(test_size or 0, max(len(rows) // 10, 1))
-            rows, test_rows, held_from = rows[:len(rows) - held], rows[len(rows) - held:], ("source", len(rows) - held)
+        rows, test_rows, held_from = train_and_test_rows(source, split, test_source, test_split, test_size)
         self.train = self._prompts(rows[:train_size], prompt_column, ("source", 0))
         self.test = self._prompts(test_rows[:test_size] if test_size else test_rows, prompt_column, held_from)
         self._scored: list[dict[str, float]] = []

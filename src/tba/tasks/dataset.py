@@ -33,6 +33,17 @@ from tba.tasks.base import Prompt, RewardError
 from tba.tasks.data import DataLoadError, quiet
 
 
+def train_and_test_rows(source, split: str, test_source, test_split: str, test_size: int | None
+                        ) -> tuple[list[dict], list[dict], tuple[str, int]]:
+    """(train rows, test rows, where the test rows start: the option and the index of the first, for messages):
+    `test_source` whole, or else the last rows of `source`, at most a tenth of them."""
+    rows = _rows(source, split, "source")
+    if test_source is not None:
+        return rows, _rows(test_source, test_split, "test_source"), ("test_source", 0)
+    held = min(test_size or 0, max(len(rows) // 10, 1))
+    return rows[:len(rows) - held], rows[len(rows) - held:], ("source", len(rows) - held)
+
+
 def _rows(source, split: str, what: str) -> list[dict]:
     """Rows of a Dataset, a list of dicts, a local file or a Hub dataset."""
     if isinstance(source, list):
@@ -114,12 +125,7 @@ class DatasetTask:
                               "train_dataset= in Python)")
         self.functions = reward_functions(reward)
         self.reward_names, self.weights = named_and_weighted(self.functions, reward_weights)
-        rows = _rows(source, split, "source")
-        if test_source is not None:
-            test_rows, held_from = _rows(test_source, test_split, "test_source"), ("test_source", 0)
-        else:  # the last rows, at most a tenth of the data
-            held = min(test_size or 0, max(len(rows) // 10, 1))
-            rows, test_rows, held_from = rows[:len(rows) - held], rows[len(rows) - held:], ("source", len(rows) - held)
+        rows, test_rows, held_from = train_and_test_rows(source, split, test_source, test_split, test_size)
         self.train = self._prompts(rows[:train_size], prompt_column, ("source", 0))
         self.test = self._prompts(test_rows[:test_size] if test_size else test_rows, prompt_column, held_from)
         self._last: dict[str, float] = {}

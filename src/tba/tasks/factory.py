@@ -34,7 +34,7 @@ from collections.abc import Callable
 from tba.errors import ConfigError, UserError, raised
 from tba.plugins import load_object
 from tba.tasks.base import Prompt
-from tba.tasks.dataset import DatasetTask, _call, _checked, _rows, named_and_weighted, reward_functions
+from tba.tasks.dataset import DatasetTask, _call, _checked, named_and_weighted, reward_functions, train_and_test_rows
 from tba.tasks.tools import ToolCallError, chat_messages, parse_tool_calls
 
 NOT_TOOLS = ("reset", "get_reward")
@@ -158,12 +158,7 @@ class FactoryTask:
         if not self.functions and self.env_reward is None:
             raise ConfigError(f"task.options.reward: no reward source — pass reward_funcs, or give {who} a "
                               "get_reward() method")
-        rows = _rows(source, split, "source")
-        if test_source is not None:
-            test_rows, held_from = _rows(test_source, test_split, "test_source"), ("test_source", 0)
-        else:
-            held = min(test_size or 0, max(len(rows) // 10, 1))
-            rows, test_rows, held_from = rows[:len(rows) - held], rows[len(rows) - held:], ("source", len(rows) - held)
+        rows, test_rows, held_from = train_and_test_rows(source, split, test_source, test_split, test_size)
         self.train = self._prompts(probe, rows[:train_size], prompt_column, ("source", 0))
         self.test = self._prompts(probe, test_rows[:test_size] if test_size else test_rows, prompt_column, held_from)
         self.tokenizer = None
