@@ -20,6 +20,7 @@ from tba.algorithm.runtime import RuntimeReport
 from tba.algorithm.state import Evaluation, RunState
 from tba.algorithm.types import Group, Sample
 from tba.config import load_config
+from tba.errors import UserError
 from tba.run.build import build_buffer, loop_settings
 
 
@@ -348,6 +349,27 @@ def test_the_prefill_counts_completions_delivered_not_the_unique_ones_kept(harne
     run.runtime.collect = collect
     run.run()
     assert len(waits) == 1 and run.state.received == 8 + 2 * 8 and len(run.buffer) == 2
+
+
+def test_a_prefill_whose_every_sample_is_dropped_stops_naming_the_last_error(harness):
+    """Searchers whose every reward fails (an agent the endpoint refuses, a reward function that raises) deliver
+    empty batches; the prefill would wait for ever: once 64 (at least twice P) are dropped and none received, the
+    run stops with one line naming the last failure."""
+    make, _ = harness
+    run, _, _ = make(steps=2)
+    dropped = []
+
+    def collect(block):
+        dropped.append(4)
+        assert len(dropped) < 100, "the prefill is still waiting"
+        return []
+
+    run.runtime.collect = collect
+    run.runtime.report = lambda: RuntimeReport({"searcher/restarts": 0, "searcher/rewards_dropped": sum(dropped)},
+                                               [None], [{"rank": 0}], "prompt 3: agent f raised ValueError: no\ntb")
+    with pytest.raises(UserError, match=r"first 64 samples were all dropped .* the last: prompt 3: agent f raised"):
+        run.run()
+    assert len(dropped) == 16
 
 
 def test_ctrl_c_during_an_evaluation_stops_within_seconds_with_the_exit_checkpoint(harness):

@@ -187,6 +187,10 @@ class Loop:
         prefilled = self.state.received < target
         while self.state.received < target or (self.runtime.searchers and not len(buffer)):  # (a resume whose
             self.receive(self.runtime.collect(block=True), self.state.step)  # buffer was set aside starts empty)
+            report = self.runtime.report()
+            self.warn(self.monitor.dropped_samples(report))
+            if why := self.monitor.nothing_kept(report, self.state.received, target):
+                raise UserError(why)
         if prefilled or self.state.step == 0:
             buffer.mark_sync(self.state.step)
         if prefilled:

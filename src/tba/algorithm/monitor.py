@@ -107,6 +107,17 @@ class Monitor:
         return (f"{new} samples dropped: reward raised or was not finite (total {dropped}); last: {last}"
                 + ("; its traceback in the run's errors.log" if trace else ""))
 
+    def nothing_kept(self, report: RuntimeReport, received: int, target: int) -> str | None:
+        """Why the run cannot start, when the searchers' samples have all been dropped — none received, at least
+        twice the prefill (and 64) dropped: a reward or an environment that fails every time (an agent refused by
+        the endpoint, a reward function that raises) would otherwise leave the prefill waiting for ever."""
+        dropped = report.stats.get("searcher/rewards_dropped", 0)
+        if received or dropped < max(2 * target, 64):
+            return None
+        last = (report.reward_error or "?").partition("\n")[0]
+        return (f"the searchers' first {dropped:.0f} samples were all dropped (their reward raised or was not "
+                f"finite), so there is nothing to train on; the last: {last}")
+
     def replay_ahead(self, ratio: float, threshold: float | None, *, received: int, drawn: int,
                      ended: dict[str, int]) -> str | None:
         """A warning when the trainer replays far ahead of its searchers: its replay ratio (draws per sample
