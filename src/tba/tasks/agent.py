@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import threading
 
 from tba.errors import ConfigError
 from tba.plugins import load_object
 from tba.tasks.dataset import DatasetTask, _call, _checked, named_and_weighted, reward_functions, train_and_test_rows
-from tba.tasks.factory import _means
+from tba.tasks.factory import ScoreLog
 
 ON_BREAK = ("new_sample", "drop")
 """What a call that does not extend its session's ids does: start another sample of the episode, or be dropped."""
@@ -67,8 +66,7 @@ class AgentTask:
         rows, test_rows, held_from = train_and_test_rows(source, split, test_source, test_split, test_size)
         self.train = self._prompts(rows[:train_size], prompt_column, ("source", 0))
         self.test = self._prompts(test_rows[:test_size] if test_size else test_rows, prompt_column, held_from)
-        self._scored: list[dict[str, float]] = []
-        self._lock = threading.Lock()
+        self._scored = ScoreLog()
 
     @staticmethod
     def _prompts(rows, column, where):
@@ -107,15 +105,12 @@ class AgentTask:
                 raise
             if v is not None and math.isfinite(v):
                 values[name], total = v, (total or 0.0) + weight * v
-        with self._lock:
-            self._scored.append(values)
+        self._scored.add(values)
         return total, values
 
     def reward_metrics(self) -> dict[str, float]:
         """Each reward source's mean over the episodes scored since the last call (`reward/<name>`)."""
-        with self._lock:
-            scored, self._scored = self._scored, []
-        return _means(scored)
+        return self._scored.means()
 
 
 def _parameters(fn) -> set[str]:

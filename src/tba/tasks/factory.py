@@ -229,6 +229,24 @@ class FactoryTask:
                 "tool/malformed_share": sum(env.malformed > 0 for env in envs) / n}
 
 
+class ScoreLog:
+    """Each episode's named reward values, kept until the next `means()` (`reward/<name>` metrics): thread-safe, as
+    an agent task's episodes are scored on their own threads."""
+
+    def __init__(self):
+        self._scored: list[dict[str, float]] = []
+        self._lock = threading.Lock()
+
+    def add(self, values: dict[str, float]) -> None:
+        with self._lock:
+            self._scored.append(values)
+
+    def means(self) -> dict[str, float]:
+        with self._lock:
+            scored, self._scored = self._scored, []
+        return _means(scored)
+
+
 def _means(values: list[dict[str, float]]) -> dict[str, float]:
     names = sorted({k for v in values for k in v})
     return {f"reward/{k}": sum(v[k] for v in values if k in v) / sum(k in v for v in values) for k in names}

@@ -42,7 +42,7 @@ import weakref
 from tba.errors import ConfigError
 from tba.tasks.agent import ON_BREAK
 from tba.tasks.base import Prompt
-from tba.tasks.factory import _means
+from tba.tasks.factory import ScoreLog
 
 NO_KEY = "TBA_VERIFIERS_NO_KEY"
 """An environment variable that is never set: the API key travels in the Authorization header instead (it names
@@ -98,8 +98,7 @@ class VerifiersTask:
         self.tasks = tasks
         self.train = [self._prompt(i, j) for i, j in enumerate(range(len(tasks) - held)[:train_size])]
         self.test = [self._prompt(i, j) for i, j in enumerate(range(len(tasks) - held, len(tasks)))]
-        self._scored: list[dict[str, float]] = []
-        self._lock = threading.Lock()
+        self._scored = ScoreLog()
 
     def _prompt(self, i: int, j: int) -> Prompt:
         data = self.tasks[j].data
@@ -143,15 +142,12 @@ class VerifiersTask:
         """The trace's reward (verifiers' weighted sum) and each named reward's score."""
         values = {name: float(r.score) for name, r in value.rewards.items() if r is not None}
         reward = float(value.reward) if values and math.isfinite(value.reward) else None
-        with self._lock:
-            self._scored.append(values)
+        self._scored.add(values)
         return reward, values
 
     def reward_metrics(self) -> dict[str, float]:
         """Each named reward's mean over the episodes scored since the last call (`reward/<name>`)."""
-        with self._lock:
-            scored, self._scored = self._scored, []
-        return _means(scored)
+        return self._scored.means()
 
 
 def _merged(base: dict, over: dict) -> dict:
