@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                                  "repeat": rep, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall})
                     print(f"{condition:22} n={rows[-1]['concurrency']:3}  {tokens / wall:8.1f} tokens/s", flush=True)
     policy.close()
+    shutil.rmtree(cache, ignore_errors=True)
     write(args, cfg, rows)
 
 
