@@ -25,6 +25,7 @@ Two kinds of whole tensors come out of the shards:
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -236,7 +237,9 @@ def broadcast_buffers(model: torch.nn.Module, whole: torch.nn.Module | None) -> 
         dist.broadcast(buffer, src=0)
 
 
+@functools.cache
 def _libc():
+    """The C library, loaded once (release_freed runs after every command)."""
     import ctypes
     import ctypes.util
 

@@ -220,8 +220,7 @@ class RankTrainer(Trainer):
         """This rank's memory in GB: its process's peak resident memory (VmHWM) and what it was before the model was
         built (`start`: the interpreter and libraries), and on a GPU the peak torch allocated there. `reset`: the
         peaks start again from now (a benchmark's phase by phase)."""
-        out = {"pid": os.getpid(), "rss_peak_gb": _status_gb("VmHWM"), "rss_start_gb": self.rss_start_gb,
-               "rss_gb": _status_gb("VmRSS"), "shmem_gb": _status_gb("RssShmem")}
+        out = {"pid": os.getpid(), "rss_peak_gb": _status_gb("VmHWM"), "rss_start_gb": self.rss_start_gb}
         if self.device.type == "cuda":
             out["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         if reset:

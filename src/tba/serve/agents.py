@@ -83,11 +83,11 @@ class Gate:
             return fn()
 
 
-class GatedBatch:
-    """A serving batch (tba.serve.engine.Batch) that steps through a Gate, at the searcher's version after any load."""
+class Wrapped:
+    """A serving batch (tba.serve.engine.Batch) that hands everything to `inner`; subclasses change one call."""
 
-    def __init__(self, inner: Batch, gate: Gate, version: Callable[[], int]):
-        self.inner, self.gate, self.version = inner, gate, version
+    def __init__(self, inner: Batch):
+        self.inner = inner
 
     def add(self, rid: str, prompt: list[int], params: Params) -> None:
         self.inner.add(rid, prompt, params)
@@ -96,7 +96,7 @@ class GatedBatch:
         self.inner.cancel(rid)
 
     def step(self, version: int) -> list[Token]:
-        return self.gate.step(lambda: self.inner.step(self.version()))
+        return self.inner.step(version)
 
     @property
     def active(self) -> int:
@@ -105,6 +105,17 @@ class GatedBatch:
     @property
     def idle(self) -> bool:
         return self.inner.idle
+
+
+class GatedBatch(Wrapped):
+    """A serving batch that steps through a Gate, at the searcher's version after any load."""
+
+    def __init__(self, inner: Batch, gate: Gate, version: Callable[[], int]):
+        super().__init__(inner)
+        self.gate, self.version = gate, version
+
+    def step(self, version: int) -> list[Token]:
+        return self.gate.step(lambda: self.inner.step(self.version()))
 
 
 @dataclass
@@ -252,29 +263,16 @@ class AgentStream:
         stop(self.server, self.harnesses)
 
 
-class Fixed:
+class Fixed(Wrapped):
     """A serving batch whose every request samples at the evaluation's settings, whatever the harness asked:
     greedy (temperature 0) for eval.samples_per_prompt = 0, as tba's other evaluations are."""
 
     def __init__(self, inner: Batch, temperature: float, top_p: float):
-        self.inner, self.temperature, self.top_p = inner, temperature, top_p
+        super().__init__(inner)
+        self.temperature, self.top_p = temperature, top_p
 
     def add(self, rid: str, prompt: list[int], params: Params) -> None:
         self.inner.add(rid, prompt, dataclasses.replace(params, temperature=self.temperature, top_p=self.top_p))
-
-    def cancel(self, rid: str) -> None:
-        self.inner.cancel(rid)
-
-    def step(self, version: int) -> list[Token]:
-        return self.inner.step(version)
-
-    @property
-    def active(self) -> int:
-        return self.inner.active
-
-    @property
-    def idle(self) -> bool:
-        return self.inner.idle
 
 
 class AgentEvaluator:

@@ -34,6 +34,16 @@ ON_BREAK = ("new_sample", "drop")
 """What a call that does not extend its session's ids does: start another sample of the episode, or be dropped."""
 
 
+def check_episode_options(on_break: str, concurrency, timeout_s) -> None:
+    """The options every task whose episodes come from outside shares (the agent task, verifiers)."""
+    if on_break not in ON_BREAK:
+        raise ConfigError(f"task.options.on_break: one of {', '.join(ON_BREAK)}, not {on_break!r}")
+    if concurrency is not None and int(concurrency) < 1:
+        raise ConfigError(f"task.options.concurrency: at least 1 episode at a time, not {concurrency}")
+    if not float(timeout_s) > 0:
+        raise ConfigError(f"task.options.timeout_s: a positive number of seconds, not {timeout_s}")
+
+
 class AgentTask:
     name = "agent"
 
@@ -51,12 +61,7 @@ class AgentTask:
                               "(task.options.agent=path/to/agent.py:fn)")
         if source is None:
             raise ConfigError("task.options.source: the agent task needs data; each row is handed to the agent")
-        if on_break not in ON_BREAK:
-            raise ConfigError(f"task.options.on_break: one of {', '.join(ON_BREAK)}, not {on_break!r}")
-        if concurrency is not None and int(concurrency) < 1:
-            raise ConfigError(f"task.options.concurrency: at least 1 episode at a time, not {concurrency}")
-        if not float(timeout_s) > 0:
-            raise ConfigError(f"task.options.timeout_s: a positive number of seconds, not {timeout_s}")
+        check_episode_options(on_break, concurrency, timeout_s)
         self.agent = load_object(agent, "task.options.agent") if isinstance(agent, str) else agent
         self.agent_name = agent if isinstance(agent, str) else getattr(agent, "__qualname__", repr(agent))
         self.concurrency = None if concurrency is None else int(concurrency)

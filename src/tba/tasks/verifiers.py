@@ -40,7 +40,7 @@ import threading
 import weakref
 
 from tba.errors import ConfigError
-from tba.tasks.agent import ON_BREAK
+from tba.tasks.agent import check_episode_options
 from tba.tasks.base import Prompt
 from tba.tasks.factory import ScoreLog
 
@@ -68,12 +68,7 @@ class VerifiersTask:
         episodes_per_env: verifiers keeps one client per episode until its serving ends, so after this many
         episodes new ones go to a freshly loaded environment and the old one closes when its episodes end. The
         rest as the agent task's."""
-        if on_break not in ON_BREAK:
-            raise ConfigError(f"task.options.on_break: one of {', '.join(ON_BREAK)}, not {on_break!r}")
-        if concurrency is not None and int(concurrency) < 1:
-            raise ConfigError(f"task.options.concurrency: at least 1 episode at a time, not {concurrency}")
-        if not float(timeout_s) > 0:
-            raise ConfigError(f"task.options.timeout_s: a positive number of seconds, not {timeout_s}")
+        check_episode_options(on_break, concurrency, timeout_s)
         try:
             import verifiers.v1 as vf
             from verifiers.v1.utils.loaders import resolve_env_config
