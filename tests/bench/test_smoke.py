@@ -25,6 +25,8 @@ SCRIPTS = [
     pytest.param("bench.claims.learning", f"--seeds 0 {STD}", "result.md", marks=slow),
     pytest.param("bench.claims.offpolicy", f"--seeds 0 --ks 1 2 --ms 0.5 --objectives tb dr_grpo {GRID}",
                  "result.md", marks=slow),
+    pytest.param("bench.claims.buffer_knobs", f"--seeds 0 --ms 0.5 --iotas 10 --scale 2 --scale-cells 0.5,0 {GRID}",
+                 "result.md", marks=slow),
     pytest.param("bench.claims.fixed_point", f"--seeds 0 --conditions k=1 'never, T_b=1.5' --objectives tb {GRID}",
                  "result.md", marks=slow),
     pytest.param("bench.perf.continuous", "--results {tmp}/result.md", "result.md", marks=slow),

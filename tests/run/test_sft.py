@@ -57,3 +57,5 @@ def test_the_embedded_default_finds_its_shipped_warm_start_without_training(tmp_
     assert (path / "model.safetensors").stat().st_size < 8 * 2**20  # a few MB in the package
     other = load_config(None, [f"sft.cache_dir={tmp_path}", "seed=1"])
     assert sft.cache_key(other.task, other.model.tiny, other.sft, other.seed) not in path.name  # another seed trains
+    fixed = load_config(None, [f"sft.cache_dir={tmp_path}", "seed=1", "sft.seed=0"])
+    assert warm_start(fixed, build_task(fixed)) == path  # sft.seed: RL seed 1 over seed 0's start, not trained again

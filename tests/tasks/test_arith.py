@@ -93,3 +93,25 @@ def test_reward_reads_the_last_number(arith_task, completion, reward):
 def test_accuracy_is_mean_reward(arith_task):
     prompts = [_prompt(1, 2), _prompt(3, 4)]
     assert accuracy(arith_task, prompts, ["#### 3", "#### 8"]) == 0.5
+
+
+@pytest.mark.parametrize("completion, reward", [
+    (" #### 638", 1.0), (" #### 538", 2 / 3), (" #### 6380", 0.0), (" #### 38", 2 / 3), ("no number", 0.0),
+    (" #### -638", 0.0), (" #### 63.8", 0.0),
+])
+def test_the_digits_reward_grades_each_digit_in_place(completion, reward):
+    from tba.tasks.arith import digits_reward
+
+    assert digits_reward(completion, "638") == pytest.approx(reward)
+
+
+def test_a_graded_arith_task_reports_exact_accuracy_beside_its_reward():
+    from tba.errors import ConfigError
+    from tba.tasks.arith import ArithTask
+
+    task = ArithTask(digits=3, train_size=50, test_size=10, reward="digits")
+    p = _prompt(347, 291)
+    assert task.reward(p, " #### 538") == pytest.approx(2 / 3)
+    assert task.eval_metrics([p, p], [" #### 638", " #### 538"], [True, True]) == {"exact": 0.5}
+    with pytest.raises(ConfigError, match="task.options.reward: one of exact, digits"):
+        ArithTask(train_size=50, test_size=10, reward="partial")

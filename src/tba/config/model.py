@@ -84,6 +84,9 @@ class SFTConfig:
     """Demonstrations per SFT step."""
     warmup_steps: int = 50
     """Linear warm-up steps of the SFT learning rate."""
+    seed: int | None = None
+    """The warm start's seed; None = the run's. A fixed one lets RL seeds vary over one start, as an ablation of an
+    RL setting wants (the start's own spread then does not enter the comparison)."""
     cache_dir: str | None = None
     """Where warm-start checkpoints are cached. None = $TBA_CACHE or ~/.cache/tba."""
     log_every_steps: int = 100

@@ -78,8 +78,9 @@ def build_task(cfg: RunConfig, tokenizer=None) -> Task:
 
 def warm_start(cfg: RunConfig, task: Task) -> Path:
     """The builtin model's SFT warm start for this config (tba.run.sft), trained on a cache miss."""
-    key = cache_key(cfg.task, cfg.model.tiny, cfg.sft, cfg.seed)
-    return sft_warm_start(task, cfg.sft, cfg.model.tiny, seed=cfg.seed, key=key, evaluation=cfg.eval)
+    seed = cfg.seed if cfg.sft.seed is None else cfg.sft.seed
+    key = cache_key(cfg.task, cfg.model.tiny, cfg.sft, seed)
+    return sft_warm_start(task, cfg.sft, cfg.model.tiny, seed=seed, key=key, evaluation=cfg.eval)
 
 
 def build_models(cfg: RunConfig, task: Task, reference: bool = True):

@@ -39,9 +39,10 @@ def cache_root(sft: SFTConfig) -> Path:
 def cache_key(task: TaskConfig, tiny: TinyModelConfig, sft: SFTConfig, seed: int) -> str:
     """Hash of every setting that changes the warm-start checkpoint."""
     ignored = ("max_prompt_tokens", "long_prompts")  # applied after the warm start, at RL time
+    unkeyed = ("cache_dir", "log_every_steps", "seed")  # the seed is the argument (sft.seed or the run's)
     keyed = {"task": {k: v for k, v in dataclasses.asdict(task).items() if k not in ignored},
              "tiny": dataclasses.asdict(tiny),
-             "sft": {k: v for k, v in dataclasses.asdict(sft).items() if k not in ("cache_dir", "log_every_steps")},
+             "sft": {k: v for k, v in dataclasses.asdict(sft).items() if k not in unkeyed},
              "seed": seed, "format": 1}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -15,6 +15,10 @@ distribution: once slip_prob > 0.5 the most likely continuation after a carry is
 accuracy plateaus at roughly the share of carry-free problems however long SFT runs, while sampling at
 T = 0.7 still finds the correct carry often enough for a verifier reward to push it up. That gap is what
 lets the default recipe separate what RL adds from what more SFT would add.
+
+`reward: digits` grades instead of verifying: the share of the answer's digits right, in place (a slipped carry
+costs one digit, not the whole answer). A graded reward is where the buffer's reward-prioritised draws (ι) can
+differ from uniform ones; held-out exact accuracy is then reported beside it (`eval/exact`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,19 @@ import reasoning_gym
 
 from tba.errors import ConfigError
 from tba.tasks.base import Prompt
-from tba.tasks.gsm8k import gsm8k_reward
+from tba.tasks.gsm8k import extract_answer, gsm8k_reward
+
+REWARDS = ("exact", "digits")
+
+
+def digits_reward(completion: str, answer: str) -> float:
+    """The share of the gold answer's digits the completion's last number has in place, counted from the right,
+    over the longer of the two (an extra or a missing digit costs one): `638` for 538 scores 2/3."""
+    predicted = extract_answer(completion)
+    if predicted is None or predicted != int(predicted) or predicted < 0:
+        return 0.0
+    p, g = str(int(predicted))[::-1], str(int(answer))[::-1]
+    return sum(a == b for a, b in zip(p, g, strict=False)) / max(len(p), len(g))
 
 
 def teacher_solution(a: int, b: int, slip_prob: float, rng: random.Random) -> str:
@@ -61,10 +77,15 @@ class ArithTask:
     name = "arith"
 
     def __init__(self, digits: int = 3, train_size: int | None = 20000, test_size: int | None = 500,
-                 teacher_slip_prob: float = 0.6, seed: int = 1234, prompt_template: str | None = None):
+                 teacher_slip_prob: float = 0.6, seed: int = 1234, prompt_template: str | None = None,
+                 reward: str = "exact"):
         """digits: per operand (two operands, addition); teacher_slip_prob: the SFT teacher forgets each carry
         with this probability (imitation then plateaus below the ceiling); prompt_template: fields {a}, {b}
-        (None = the compact `{a}+{b}=`); seed: of the problems (held-out: seed + 1)."""
+        (None = the compact `{a}+{b}=`); seed: of the problems (held-out: seed + 1); reward: exact (1 for the
+        right sum) or digits (the share of its digits right)."""
+        if reward not in REWARDS:
+            raise ConfigError(f"task.options.reward: one of {', '.join(REWARDS)}, not {reward!r}")
+        self.graded = reward == "digits"
         if digits < 1:
             raise ConfigError(f"task.options.digits: must be ≥ 1, got {digits}")
         if not 0.0 <= teacher_slip_prob <= 1.0:
@@ -79,7 +100,14 @@ class ArithTask:
         self.test = [Prompt(i, fmt(a=a, b=b), ans, {"a": a, "b": b}) for i, (a, b, ans) in enumerate(test)]
 
     def reward(self, prompt: Prompt, completion: str) -> float:
-        return gsm8k_reward(completion, prompt.answer)
+        return (digits_reward if self.graded else gsm8k_reward)(completion, prompt.answer)
+
+    def eval_metrics(self, prompts: list[Prompt], completions: list[str], finished) -> dict[str, float]:
+        """Held-out exact accuracy, which the mean reward is not under a graded reward."""
+        if not self.graded:
+            return {}
+        hits = [gsm8k_reward(c, p.answer) for p, c in zip(prompts, completions, strict=True)]
+        return {"exact": sum(hits) / max(len(hits), 1)}
 
     def demonstrations(self, prompts: list[Prompt], seed: int) -> list[str]:
         rng = random.Random(seed)
