@@ -60,6 +60,16 @@ def run_one(job: dict) -> dict:
             "evals": s["evals"], **diagnostics(metrics)}
 
 
+def build_warm_starts(tasks: list[str], overrides: list[str]) -> None:
+    """Each task's one SFT start, trained here before the pool (why: offpolicy.build_warm_starts)."""
+    from tba.config import load_config
+    from tba.run.build import build_task, warm_start
+
+    for task in tasks:
+        cfg = load_config(None, [*TASKS[task], "sft.seed=0", *overrides])
+        warm_start(cfg, build_task(cfg))
+
+
 def cells(args) -> list[tuple[str, float, float, int]]:
     """(task, m, ι, scale) of every cell, each once, in the order the tables read."""
     out = []
@@ -132,12 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     jobs = [{"task": t, "m": m, "iota": i, "scale": x, "seed": s, "overrides": overrides,
              "out": str(args.out / f"{t}-m{m}-i{i:g}-x{x}-s{s}")} for t, m, i, x in cells(args) for s in args.seeds]
     print(f"{len(jobs)} runs", flush=True)
-    for task in args.tasks:  # each task's one SFT start, trained here before the pool (offpolicy.build_warm_starts)
-        from tba.config import load_config
-        from tba.run.build import build_task, warm_start
-
-        cfg = load_config(None, [*TASKS[task], "sft.seed=0", *overrides])
-        warm_start(cfg, build_task(cfg))
+    build_warm_starts(args.tasks, overrides)
     rows = []
     with worker_pool(args.workers) as pool:
         for row in pool.map(run_one, jobs):

@@ -26,8 +26,8 @@ from bench.lib.paths import OUT, RESULTS
 from bench.lib.smoke import SMOKE_OVERRIDES
 from tba.config import load_config
 from tba.rollout.evaluate import greedy_accuracy
-from tba.run.build import build_models, build_task
-from tba.run.sft import cache_key, cache_root, train_sft
+from tba.run.build import build_models, build_task, warm_start
+from tba.run.sft import train_sft
 from tba.run.train import train
 
 
@@ -41,8 +41,7 @@ def run_seed(seed: int, overrides: list[str], out_root: Path) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     task = build_task(cfg)
     tokenizer, policy, _, _ = build_models(cfg, task)
-    key = cache_key(cfg.task, cfg.model.tiny, cfg.sft, cfg.seed)
-    sft_info = json.loads((cache_root(cfg.sft) / f"sft-{task.name}-{key}" / "sft.json").read_text())
+    sft_info = json.loads((warm_start(cfg, task) / "sft.json").read_text())  # the cached start's own record
     ctrl_sft = copy.deepcopy(cfg.sft)
     ctrl_sft.log_every_steps = 10**9  # no evals inside the budget
     # the warm start ended its cosine schedule at 10 % of the peak LR: continue there until the budget is spent
