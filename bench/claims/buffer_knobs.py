@@ -7,15 +7,16 @@ prompt's items (`buffer.offline_inverse_temperature`). The paper reports TL;DR w
 m = 0.4 / 0.5 / 0.6 and uses m = 0.95 with uniform draws on GSM8K, and says reward- and recency-prioritised
 sampling "enable further gains as data generation is scaled". Here:
 
-- tasks: `exact` (the embedded default recipe, reward 1 for the right sum) and `digits` (the same recipe with
-  `task.options.reward=digits`: the share of the answer's digits right, a graded reward);
+- tasks: `exact` (the recipe's own reward — the embedded default recipe's, or `--config`'s arith recipe: 1 for the
+  right sum) and `digits` (the same recipe with `task.options.reward=digits`: the share of the answer's digits
+  right, a graded reward);
 - cells: m over `--ms` with ι = 0; ι over `--iotas` at each m of `--iota-ms`; and `--scale` × the searcher batch
   (`search.prompts_per_batch`) at the cells of `--scale-cells` — in a sync run each update then has that many
   times more fresh samples to choose from, as if that many searchers fed one trainer;
 - every run inline and sync (k = 1, one thread: the staleness is what m makes it), RL seeds over one SFT start
   (`sft.seed`), so a cell's spread is RL's alone.
 
-    python -m bench.claims.buffer_knobs --seeds 0 1 31 [--workers 2] [key=value ...]
+    python -m bench.claims.buffer_knobs --seeds 0 1 31 [--config arith_hard_cpu] [--workers 2] [key=value ...]
 
 The result of a run is its final held-out evaluation (exact: greedy pass@1; digits: the mean graded reward, with
 exact accuracy beside it).
@@ -44,7 +45,7 @@ def run_one(job: dict) -> dict:
     from tba.run.train import train
 
     torch.set_num_threads(1)
-    cfg = load_config(None, [*TASKS[job["task"]], f"seed={job['seed']}", "sft.seed=0",
+    cfg = load_config(job["config"], [*TASKS[job["task"]], f"seed={job['seed']}", "sft.seed=0",
                              f"buffer.online_prob={job['m']}", f"buffer.offline_inverse_temperature={job['iota']}",
                              f"output_dir={job['out']}", "runtime=inline", "mode=sync", "threads=1",
                              "search.threads=1", "logging.progress=false", "logging.tensorboard=false",
@@ -60,13 +61,13 @@ def run_one(job: dict) -> dict:
             "evals": s["evals"], **diagnostics(metrics)}
 
 
-def build_warm_starts(tasks: list[str], overrides: list[str]) -> None:
+def build_warm_starts(config: str | None, tasks: list[str], overrides: list[str]) -> None:
     """Each task's one SFT start, trained here before the pool (why: offpolicy.build_warm_starts)."""
     from tba.config import load_config
     from tba.run.build import build_task, warm_start
 
     for task in tasks:
-        cfg = load_config(None, [*TASKS[task], "sft.seed=0", *overrides])
+        cfg = load_config(config, [*TASKS[task], "sft.seed=0", *overrides])
         warm_start(cfg, build_task(cfg))
 
 
@@ -117,6 +118,7 @@ def cell_pair(text: str) -> tuple[float, float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=None, help="an arith recipe (default: the embedded default recipe)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 31])
     ap.add_argument("--ms", type=float, nargs="+", default=[0.4, 0.5, 0.6, 0.8, 0.95, 1.0])
@@ -139,10 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     overrides = list(args.overrides)
     if args.smoke:
         overrides = [*SMOKE_OVERRIDES, f"sft.cache_dir={args.out / 'sft-cache'}", *overrides]
-    jobs = [{"task": t, "m": m, "iota": i, "scale": x, "seed": s, "overrides": overrides,
+    jobs = [{"task": t, "m": m, "iota": i, "scale": x, "seed": s, "overrides": overrides, "config": args.config,
              "out": str(args.out / f"{t}-m{m}-i{i:g}-x{x}-s{s}")} for t, m, i, x in cells(args) for s in args.seeds]
     print(f"{len(jobs)} runs", flush=True)
-    build_warm_starts(args.tasks, overrides)
+    build_warm_starts(args.config, args.tasks, overrides)
     rows = []
     with worker_pool(args.workers) as pool:
         for row in pool.map(run_one, jobs):
@@ -151,9 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     md = summarise(rows, args) + "\n\n## Held-out score at each evaluation\n\n" + curves(rows)
     print(md)
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    head = header(__spec__.name, "final: each run's last held-out evaluation (exact: greedy pass@1; digits: mean "
-                  "graded reward of greedy answers), median and worst over RL seeds "
-                  f"{args.seeds} from one SFT start (sft.seed=0); runs inline, sync, k = 1", argv=argv)
+    head = header(__spec__.name, f"recipe: {args.config or 'the embedded default'}; final: each run's last "
+                  "held-out evaluation (exact: greedy pass@1; digits: mean graded reward of greedy answers), median "
+                  f"and worst over RL seeds {args.seeds} from one SFT start (sft.seed=0); runs inline, sync, k = 1",
+                  argv=argv)
     args.results.write_text(head + md + "\n\n```json\n" + json.dumps(rows, indent=1) + "\n```\n")
 
 
