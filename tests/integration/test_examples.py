@@ -69,3 +69,33 @@ def test_an_agent_on_the_openai_client_trains(tmp_path):
     # max_tokens: the endpoint refuses more than search.max_new_tokens (400), which would fail every episode
     assert summary["trainer_steps"] == 2 and summary["episodes_ended"]["done"] > 0
     assert summary["eval_end"]["agent/calls_mean"] >= 1.0
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_the_environment_in_tbas_protocol_trains(tmp_path):
+    summary = run("sums_environment", tmp_path, "search.max_turns=2")
+    assert summary["trainer_steps"] == 2 and "solved_by_second_try" in summary["eval_end"]
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_the_openenv_environment_trains(tmp_path):
+    pytest.importorskip("openenv", reason="openenv-core not installed (tba[openenv])")
+    summary = run("openenv_sums", tmp_path, "task.options.episodes=4", "task.options.test_episodes=2")
+    assert summary["trainer_steps"] == 2 and summary["eval_end"]["openenv/steps_mean"] >= 1
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_trls_environment_factory_trains(tmp_path):
+    summary = run("trl_factory_sums", tmp_path)
+    assert summary["trainer_steps"] == 2 and "reward/used_the_tool" in summary["eval_end"]
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_the_verifiers_taskset_trains(tmp_path):
+    pytest.importorskip("verifiers", reason="verifiers not installed (tba[verifiers])")
+    summary = run("verifiers_sums", tmp_path, "task.options.env={taskset: {num_tasks: 8}}")
+    assert summary["trainer_steps"] == 2 and summary["episodes_ended"]["done"] > 0

@@ -2,6 +2,7 @@
 against the calls the endpoint served (ids, mask, log-probs, every call in a branch), options are checked, and the
 reward is the trace's. The episodes themselves run in tests/integration/test_verifiers_train.py."""
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ from tba.config import RunConfig
 from tba.errors import ConfigError
 from tba.run.searchers import task_spec
 from tba.tasks import task_target
-from tba.tasks.verifiers import mismatch
+from tba.tasks.verifiers import importable, mismatch
 
 
 def call(prompt, tokens, logprobs=None):
@@ -73,3 +74,13 @@ def test_tasks_are_the_tasksets_and_options_are_checked(tasksets):
                            ({"env": {"taskset": {"num_tasks": "many"}}}, "refused the environment config")):
         with pytest.raises(ConfigError, match=match):
             VerifiersTask("tiny_add", **options)
+
+
+def test_a_tasksets_folder_is_imported_by_its_name_from_its_parent(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "my_taskset").mkdir()
+    (tmp_path / "my_taskset" / "__init__.py").write_text("")
+    assert importable(str(tmp_path / "my_taskset")) == "my_taskset" and sys.path[0] == str(tmp_path)
+    assert importable("owner/name@1.0") == "owner/name@1.0" and importable("tiny_add") == "tiny_add"
+    (tmp_path / "not_a_package").mkdir()
+    assert importable(str(tmp_path / "not_a_package")) == str(tmp_path / "not_a_package")

@@ -35,9 +35,11 @@ from __future__ import annotations
 import asyncio
 import math
 import shutil
+import sys
 import tempfile
 import threading
 import weakref
+from pathlib import Path
 
 from tba.errors import ConfigError
 from tba.tasks.agent import check_episode_options
@@ -53,6 +55,19 @@ class Mismatch(RuntimeError):
     """verifiers' branches are not the calls the endpoint served for the episode."""
 
 
+def importable(env_id: str) -> str:
+    """A taskset given as a package's folder (`examples/vf_sums`) is imported by its name with the folder's parent on
+    sys.path — a local taskset needs no install and no PYTHONPATH, here and in every searcher process (each builds
+    its task from the config, so each puts the folder there itself)."""
+    folder = Path(env_id)
+    if not (folder / "__init__.py").is_file():
+        return env_id
+    parent = str(folder.resolve().parent)
+    if parent not in sys.path:
+        sys.path.insert(0, parent)
+    return folder.name
+
+
 class VerifiersTask:
     name = "verifiers"
 
@@ -60,14 +75,14 @@ class VerifiersTask:
                  renderer: dict | None = None, renderer_model: str | None = None, train_size: int | None = None,
                  test_size: int | None = 100, concurrency: int | None = None, timeout_s: float = 600.0,
                  on_break: str = "new_sample", episodes_per_env: int = 512):
-        """env_id: the taskset (a module name, or a Hub id `owner/name@version`); env: the rest of verifiers'
-        EnvConfig (merged over `{"taskset": {"id": env_id}, "agent": {"harness": {"id": "null"}, "runtime":
+        """env_id: the taskset (a module name, a package's folder, or a Hub id `owner/name@version`); env: the rest of
+        verifiers' EnvConfig (merged over `{"taskset": {"id": env_id}, "agent": {"harness": {"id": "null"}, "runtime":
         {"type": "subprocess"}}}`, e.g. `{"taskset": {"num_tasks": 64}}`); sampling: verifiers' Sampling (default
         temperature 1.0; max_tokens unset: the endpoint's search.max_new_tokens) — keep its temperature equal to
         search.temperature, at which the trainer scores; test_size: the last tasks held out (at most a tenth);
-        episodes_per_env: verifiers keeps one client per episode until its serving ends, so after this many
-        episodes new ones go to a freshly loaded environment and the old one closes when its episodes end. The
-        rest as the agent task's."""
+        episodes_per_env: verifiers keeps one client per episode until its serving ends, so after this many episodes new
+        ones go to a freshly loaded environment and the old one closes when its episodes end. The rest as the agent
+        task's."""
         check_episode_options(on_break, concurrency, timeout_s)
         try:
             import verifiers.v1 as vf
@@ -75,6 +90,7 @@ class VerifiersTask:
         except ImportError as e:
             raise ConfigError(f"task.name=verifiers:{env_id} needs the `verifiers` package (pip install "
                               f"'tba[verifiers]'): {e}") from None
+        env_id = importable(env_id)
         self.env_id, self.agent_name = env_id, f"verifiers:{env_id}"
         self.concurrency = None if concurrency is None else int(concurrency)
         self.timeout_s, self.on_break = float(timeout_s), on_break
