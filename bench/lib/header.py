@@ -78,13 +78,20 @@ def machine() -> str:
 
 
 def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it ('' where there is none)."""
+    """The CPU's model name as /proc/cpuinfo gives it, with its family and widest vector unit: `AMD EPYC, family
+    26, AVX-512`. The name alone does not tell this kind's CPUs apart (an AVX2-only EPYC and an AVX-512 one are both
+    "AMD EPYC"), and the matmul kernels, so the timings, differ by vector unit. '' where there is no /proc/cpuinfo."""
     try:
         with open("/proc/cpuinfo") as f:
-            line = next((x for x in f if x.startswith("model name")), "")
+            fields = dict(x.split(":", 1) for x in f.read().split("\n\n")[0].splitlines() if ":" in x)
     except OSError:
         return platform.processor()
-    return line.partition(":")[2].strip()
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    unit = next((name for flag, name in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+                 if flag in flags), "")
+    family = f"family {fields['cpu family']}" if "cpu family" in fields else ""
+    return ", ".join(x for x in (fields.get("model name", ""), family, unit) if x)
 
 
 def versions(*packages: str) -> str:
