@@ -5,13 +5,15 @@ from here.
                                                           # and the enumerable recipe, each from a clean cache
     python -m bench.perf.first_run --runs quickstart      # a subset
     python -m bench.perf.first_run --smoke                # the default recipe shrunk to seconds (CI)
+    python -m bench.perf.first_run --repeats 3            # each command 3 times, each in its own fresh clone
 
 Each command runs in a fresh clone of this repository (its `.venv` linked, so installing is not timed: the
 README states that separately, and scripts/train.sh's install step is left out) with an empty cache
 (`TBA_CACHE`: SFT warm starts, converted GGUF models), as a first run would. Recorded per command: wall seconds,
 its summary.json (start → end held-out score, training seconds) and the last lines it printed (the before/after
-table). Writes --results (default bench/results/first_run/first_run.md) and, beside it, `tba report`'s
-report.html of the default recipe's run (report_default_recipe.html).
+table); with --repeats, the median wall time beside every repeat's. Writes --results (default
+bench/results/first_run/first_run.md) and, beside it, `tba report`'s report.html of the default recipe's first run
+(report_default_recipe.html).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per command")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each command, each from a fresh clone")
     ap.add_argument("--smoke", action="store_true", help="train.sh on a seconds-long recipe (CI)")
     ap.add_argument("--results", type=Path, default=RESULTS / "first_run" / "first_run.md")
     return ap.parse_args(argv)
@@ -86,18 +90,25 @@ def main(argv: list[str] | None = None) -> None:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tba-first-run-") as tmp:
         for name in args.runs:
-            root = Path(tmp) / name
-            root.mkdir()
-            clone(root / "repo")
-            report = args.results.parent / "report_default_recipe.html" if name == "train.sh" else None
-            rows.append(run_one(name, root, SMOKE_OVERRIDES if args.smoke else [], args.timeout, report))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k != "tail"}), flush=True)
-    lines = ["| command | what | wall s (first run, empty cache) | held-out start → end | training s (steps) |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| `{r['command']}` | {r['what']} | {r['wall_s']:.0f} | {r['score_start']:.3f} → "
-                     f"{r['score_end']:.3f} | {r['train_s']:.0f} ({r['steps']}) |")
-    for r in rows:
+            for repeat in range(args.repeats):
+                root = Path(tmp) / f"{name}-{repeat}"
+                root.mkdir()
+                clone(root / "repo")
+                report = args.results.parent / "report_default_recipe.html" if name == "train.sh" and not repeat \
+                    else None
+                rows.append({**run_one(name, root, SMOKE_OVERRIDES if args.smoke else [], args.timeout, report),
+                             "repeat": repeat})
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "tail"}), flush=True)
+    lines = ["| command | what | wall s (first run, empty cache): median [each] | held-out start → end | "
+             "training s (steps): median |", "|---|---|---|---|---|"]
+    for name in args.runs:
+        mine = [r for r in rows if r["name"] == name]
+        walls, r = [x["wall_s"] for x in mine], mine[0]
+        scores = sorted({f"{x['score_start']:.3f} → {x['score_end']:.3f}" for x in mine})
+        lines.append(f"| `{r['command']}` | {r['what']} | {statistics.median(walls):.0f} "
+                     f"[{', '.join(f'{w:.0f}' for w in walls)}] | {'; '.join(scores)} | "
+                     f"{statistics.median(x['train_s'] for x in mine):.0f} ({r['steps']}) |")
+    for r in (x for x in rows if x["repeat"] == 0):
         lines += ["", f"What `{r['command']}` printed last:", "", "```", *r["tail"], "```"]
     head = header(__spec__.name, "each command in a fresh clone with an empty SFT cache; installing not timed "
                   f"(python {sys.version.split()[0]})", argv=argv)
