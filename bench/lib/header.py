@@ -83,10 +83,10 @@ def cpu_model() -> str:
     "AMD EPYC"), and the matmul kernels, so the timings, differ by vector unit. '' where there is no /proc/cpuinfo."""
     try:
         with open("/proc/cpuinfo") as f:
-            fields = dict(x.split(":", 1) for x in f.read().split("\n\n")[0].splitlines() if ":" in x)
+            first = f.read().split("\n\n")[0]  # the first processor's block
     except OSError:
         return platform.processor()
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    fields = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in first.splitlines()) if v}
     flags = set(fields.get("flags", "").split())
     unit = next((name for flag, name in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
                  if flag in flags), "")

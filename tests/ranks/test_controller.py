@@ -19,6 +19,7 @@ from tba.run.build import trainer_args
 from tba.run.sharded import RankBuild, build_sharded
 
 K, B = 2, 4
+RANK_THREADS = 1
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +58,17 @@ def sharded(cfg, start, run_dir, *, base=None, pad_id=0):
     """Two ranks building their part from `start` (the run's base model: `base`, default the start)."""
     base = str(base or start)
     build = RankBuild(cfg, str(start), base, base, None, pad_id)
-    return build_sharded(cfg, build, threads=1, publish_dtype=cfg.model.dtype, run_dir=run_dir)
+    return build_sharded(cfg, build, threads=RANK_THREADS, publish_dtype=cfg.model.dtype, run_dir=run_dir)
 
 
 @contextlib.contextmanager
 def ranks_threads():
-    """The one-process reference at the ranks' thread count (`sharded` gives each rank one): a CPU's matmul kernels
+    """The one-process reference at the ranks' thread count (RANK_THREADS): a CPU's matmul kernels
     split their sums by thread, so another count rounds differently and Adam carries that into the weights (above
     1e-5 per tensor after 3 steps on an AMD EPYC, where equal counts differ by < 1e-6): the CPU's arithmetic, not
     the sharding's."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(RANK_THREADS)
     try:
         yield
     finally:

